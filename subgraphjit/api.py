@@ -1,0 +1,118 @@
+"""subgraphjit's own public functions, on top of the drop-in namespace."""
+
+import contextlib
+
+import tensorflow as tf
+
+from .context import context
+from .evaluate import build, evaluate
+from .patch.namespace import WRAPPERS
+from .patch.node import VirtualNode
+
+__all__ = ["build", "batching", "GradientTape", "set_parameter",
+           "get_parameter", "stats", "reset_stats", "access"]
+
+
+def set_parameter(key, value):
+    """Set a parameter (``depth``, ``freq``, ``collect``, ``mode``, ...)."""
+    context.set_parameter(key, value)
+
+
+def get_parameter(key):
+    return context.get_parameter(key)
+
+
+def stats():
+    """Counters since the last ``reset_stats()``, as a dict."""
+    return context.stats()
+
+
+def reset_stats():
+    context.reset_stats()
+
+
+def access(outputs, index):
+    """The thesis's ``access(x, i)``: output ``index`` of a multi-output op.
+
+    Multi-output ops already return a list of nodes, so this is indexing; it
+    exists so code written for the thesis's API runs unchanged.
+    """
+    return outputs[index]
+
+
+@contextlib.contextmanager
+def batching():
+    """Record everything inside the block and evaluate it all on exit.
+
+    This is the batching scope of JIT dynamic batching: the work recorded in
+    one scope is evaluated together (and, with the batching layer, batched).
+    """
+    context.open_scope()
+    try:
+        yield
+    except BaseException:
+        context.close_scope()
+        raise
+    evaluate(context.close_scope())
+
+
+class GradientTape(tf.GradientTape):
+    """tf.GradientTape that is also a batching scope.
+
+    What is recorded inside the tape is evaluated before the tape stops
+    recording, so ``tape.gradient(loss, variables)`` works even when the user
+    never calls ``tf.build``; VirtualNodes given to ``watch`` and
+    ``gradient`` are evaluated first.
+    """
+
+    def __enter__(self):
+        context.open_scope()
+        try:
+            return super().__enter__()
+        except BaseException:
+            context.close_scope()
+            raise
+
+    def __exit__(self, kind, error, traceback):
+        recorded = context.close_scope()
+        try:
+            if kind is None:
+                evaluate(recorded)
+        finally:
+            result = super().__exit__(kind, error, traceback)
+        return result
+
+    def watch(self, tensor):
+        return super().watch(build(tensor))
+
+    def gradient(self, target, sources, *args, **kwargs):
+        return super().gradient(build(target), build(sources), *args, **kwargs)
+
+    def jacobian(self, target, sources, *args, **kwargs):
+        return super().jacobian(build(target), build(sources), *args, **kwargs)
+
+
+# -- ops that need more than a table row -------------------------------------
+
+def shape(input, out_type=None, name=None):  # noqa: A002 (TensorFlow's name)
+    """tf.shape: a node's shape is known when it is recorded, so this is a
+    constant and needs no evaluation."""
+    if type(input) is VirtualNode:
+        return tf.constant(input.spec.shape,
+                           dtype=out_type if out_type is not None else tf.int32,
+                           name=name)
+    if out_type is None:
+        return tf.shape(input, name=name)
+    return tf.shape(input, out_type=out_type, name=name)
+
+
+def dropout(x, rate, noise_shape=None, seed=None, name=None):
+    """tf.nn.dropout: the random mask is drawn when the op is recorded, in
+    program order, so lazy and eager runs draw the same masks from the same
+    seeds; the recorded op is a multiply by that mask."""
+    if type(x) is not VirtualNode:
+        return tf.nn.dropout(x, rate, noise_shape=noise_shape, seed=seed,
+                             name=name)
+    mask = tf.nn.dropout(tf.ones(x.spec.shape, x.spec.dtype), rate,
+                         noise_shape=noise_shape, seed=seed, name=name)
+    return WRAPPERS["math.multiply"](x, mask)

@@ -1,0 +1,175 @@
+"""The context: the one place that holds subgraphjit's global state.
+
+Thesis section 5.1 names four duties; here is where each one lives:
+
+* object tracking -- every VirtualNode gets a global id from ``_node_ids`` (an
+  increasing counter, so ids are also a topological order).  The context keeps
+  no table from ids to objects: a recorded node is referenced only by the
+  user's own variables, by the nodes that consume it, and by the open
+  evaluation scopes (``tf.batching()``, ``tf.GradientTape()``) until they close.
+  Once a node is evaluated it drops its inputs, so nothing recorded outlives the
+  user's references to it.
+* frequent patterns -- ``patterns`` (filled by the optimizer, empty until then).
+* sessions -- ``session`` counts evaluations, so a pass can tag what it visited.
+* parameters -- ``set_parameter`` / ``get_parameter``, validated against
+  ``PARAMETERS``, with ``SUBGRAPHJIT_<KEY>`` environment variables as defaults.
+"""
+
+import collections
+import dataclasses
+import itertools
+import os
+import time
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    default: Any
+    parse: Callable[[str], Any]  # from an environment variable's text
+    check: Callable[[Any], bool]
+    meaning: str
+
+
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _one_of(*choices):
+    return lambda value: value in choices
+
+
+PARAMETERS = {
+    "mode": Parameter(
+        "lazy", str, _one_of("lazy", "eager"),
+        "'lazy' records VirtualNodes; 'eager' runs every op at once through "
+        "TensorFlow (the debugging twin of every lazy path)"),
+    "depth": Parameter(
+        8, int, _positive_int,
+        "P_Depth: depth limit of subgraph signatures (thesis 4.5)"),
+    "freq": Parameter(
+        1, int, _positive_int,
+        "P_Freq: occurrences per input that make a subgraph frequent (thesis 4.1)"),
+    "collect": Parameter(
+        3, int, _positive_int,
+        "P_Collect: minibatches used to collect pattern statistics (thesis 4.7)"),
+    "debug": Parameter(
+        False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+        lambda value: isinstance(value, bool),
+        "print a summary after every evaluation"),
+}
+
+
+class ParameterError(ValueError):
+    pass
+
+
+def _describe_parameters():
+    return "\n".join(f"  {key!r}: {p.meaning} (default {p.default!r})"
+                     for key, p in PARAMETERS.items())
+
+
+def _from_environment():
+    values = {}
+    for key, parameter in PARAMETERS.items():
+        text = os.environ.get(f"SUBGRAPHJIT_{key.upper()}")
+        if text is None:
+            values[key] = parameter.default
+            continue
+        try:
+            value = parameter.parse(text)
+        except ValueError:
+            value = text
+        if not parameter.check(value):
+            raise ParameterError(
+                f"environment variable SUBGRAPHJIT_{key.upper()}={text!r} is not "
+                f"a valid value for parameter {key!r}: {parameter.meaning}")
+        values[key] = value
+    return values
+
+
+class Context:
+    def __init__(self):
+        self.parameters = _from_environment()
+        self.lazy = self.parameters["mode"] == "lazy"
+        # Open evaluation scopes, innermost last; ``pending`` is the innermost
+        # one's list of recorded nodes (None outside every scope), read on the
+        # recording hot path.
+        self.scopes = []
+        self.pending = None
+        self.patterns = {}
+        self.session = 0
+        self.reset_stats()
+
+    # -- parameters -------------------------------------------------------
+    def set_parameter(self, key, value):
+        parameter = PARAMETERS.get(key)
+        if parameter is None:
+            raise ParameterError(
+                f"unknown parameter {key!r}; the parameters are:\n"
+                + _describe_parameters())
+        if not parameter.check(value):
+            raise ParameterError(
+                f"{value!r} is not a valid value for parameter {key!r}: "
+                f"{parameter.meaning}")
+        self.parameters[key] = value
+        self.lazy = self.parameters["mode"] == "lazy"
+
+    def get_parameter(self, key):
+        if key not in PARAMETERS:
+            raise ParameterError(
+                f"unknown parameter {key!r}; the parameters are:\n"
+                + _describe_parameters())
+        return self.parameters[key]
+
+    # -- scopes ------------------------------------------------------------
+    def open_scope(self):
+        self.pending = []
+        self.scopes.append(self.pending)
+
+    def close_scope(self):
+        recorded = self.scopes.pop()
+        self.pending = self.scopes[-1] if self.scopes else None
+        return recorded
+
+    # -- statistics ----------------------------------------------------------
+    def reset_stats(self):
+        self.first_node_id = next_node_id()
+        self.nodes_evaluated = 0
+        self.evaluations = 0
+        self.fallbacks = collections.Counter()
+        self.evaluate_seconds = 0.0
+        self.inference_seconds = 0.0
+        self.shape_inferences = 0
+        self.started = time.perf_counter()
+
+    def stats(self):
+        """A fresh dict of counters since the last ``reset_stats()``."""
+        return {
+            "nodes_recorded": next_node_id() - self.first_node_id,
+            "nodes_evaluated": self.nodes_evaluated,
+            "evaluations": self.evaluations,
+            "fallbacks": sum(self.fallbacks.values()),
+            "fallback_ops": dict(self.fallbacks),
+            "shape_inferences": self.shape_inferences,
+            "inference_seconds": self.inference_seconds,
+            "evaluate_seconds": self.evaluate_seconds,
+            # Everything outside evaluation: the user's Python and recording.
+            "record_seconds": (time.perf_counter() - self.started
+                               - self.evaluate_seconds),
+        }
+
+
+_node_ids = itertools.count()
+
+
+def next_node_id():
+    """The id the next recorded node will get (consumes none)."""
+    return _node_ids.__reduce__()[1][0]
+
+
+def new_node_id():
+    return next(_node_ids)
+
+
+context = Context()

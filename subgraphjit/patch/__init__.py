@@ -1,0 +1,1 @@
+"""Recording: the op table, the patched wrappers, and VirtualNode."""

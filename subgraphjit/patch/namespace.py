@@ -1,0 +1,120 @@
+"""The drop-in namespace: patched wrappers where the op table has a row,
+TensorFlow's own objects everywhere else.
+
+``install`` fills ``subgraphjit`` and proxy modules ``subgraphjit.nn``,
+``subgraphjit.math`` and ``subgraphjit.linalg`` with the generated wrappers,
+under every public name TensorFlow gives the same function (``tf.add``,
+``tf.math.add``), and puts the operator overloads on VirtualNode.  Any other
+attribute is looked up on the real module, so ``tf.keras``, ``tf.Variable``,
+``tf.random.normal``... are TensorFlow's own.
+"""
+
+import sys
+import types
+
+import tensorflow as tf
+
+from .node import VirtualNode
+from .record import build_row_functions, record
+from .spec import NotLazy
+from .table import ALL_ROWS, GETITEM, OPERATOR_ROWS, OPERATORS, TF_ROWS
+
+# Submodules that hold patched functions; each gets a forwarding proxy.
+PATCHED_SUBMODULES = ("math", "nn", "linalg")
+
+WRAPPERS = {row.name: build_row_functions(row, row.name.rsplit(".", 1)[-1])
+            for row in ALL_ROWS}
+
+
+class ForwardingModule(types.ModuleType):
+    """A module whose own attributes are patched and the rest forwarded."""
+
+    def __init__(self, name, real):
+        super().__init__(name, real.__doc__)
+        self._real = real
+
+    def __getattr__(self, attribute):
+        return getattr(self._real, attribute)
+
+    def __dir__(self):
+        return sorted(set(dir(self._real)) | set(self.__dict__))
+
+
+def _patch_module(target, real, replacements):
+    """Set on ``target`` every public name of ``real`` that is replaced."""
+    for attribute in dir(real):
+        if attribute.startswith("_"):
+            continue
+        try:
+            original = getattr(real, attribute)
+        except Exception:  # lazily loaded TensorFlow attributes may fail
+            continue
+        replacement = replacements.get(id(original))
+        if replacement is not None and replacement[0] is original:
+            setattr(target, attribute, replacement[1])
+
+
+def install(package, special_wrappers):
+    """Fill ``package`` (the subgraphjit module) and its proxy submodules.
+
+    ``special_wrappers`` maps TensorFlow functions that need more than a
+    table row (tf.shape, tf.nn.dropout) to their replacements.
+    """
+    replacements = {id(row.fn): (row.fn, WRAPPERS[row.name]) for row in TF_ROWS}
+    for original, replacement in special_wrappers.items():
+        replacements[id(original)] = (original, replacement)
+    _patch_module(package, tf, replacements)
+    for name in PATCHED_SUBMODULES:
+        proxy = ForwardingModule(f"{package.__name__}.{name}", getattr(tf, name))
+        _patch_module(proxy, getattr(tf, name), replacements)
+        setattr(package, name, proxy)
+        sys.modules[proxy.__name__] = proxy
+    _install_operators()
+
+
+def _install_operators():
+    for dunder, (_, _, arity, reflected) in OPERATORS.items():
+        row = OPERATOR_ROWS[dunder]
+        setattr(VirtualNode, dunder, _operator_method(row, arity, False))
+        if reflected:
+            setattr(VirtualNode, reflected, _operator_method(row, arity, True))
+    VirtualNode.__getitem__ = _getitem_method
+
+
+def _operator_method(row, arity, reflected):
+    function = row.fn
+    if arity == 1:
+        def method(self):
+            try:
+                return record(row, (self,), ())
+            except NotLazy:
+                return function(self.value())
+    elif reflected:
+        def method(self, other):
+            try:
+                return record(row, (other, self), ())
+            except NotLazy:
+                return function(other, self.value())
+    elif row.name in ("operator.eq", "operator.ne"):
+        def method(self, other):
+            if other is None:  # as tf.Tensor: comparing with None is not an op
+                return row.name == "operator.ne"
+            try:
+                return record(row, (self, other), ())
+            except NotLazy:
+                return function(self.value(), other)
+    else:
+        def method(self, other):
+            try:
+                return record(row, (self, other), ())
+            except NotLazy:
+                return function(self.value(), other)
+    method.__name__ = row.fn.__name__
+    return method
+
+
+def _getitem_method(self, slice_spec):
+    try:
+        return record(GETITEM, (self,), (slice_spec,))
+    except NotLazy:
+        return self.value()[slice_spec]

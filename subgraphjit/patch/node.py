@@ -1,0 +1,153 @@
+"""VirtualNode: one recorded op, standing in for the tf.Tensor it will become.
+
+A VirtualNode behaves like an eager tf.Tensor: it has a dtype and shape from
+the moment it is recorded, the operator overloads a tf.Tensor has (recorded
+lazily), and it turns into its value whenever a value is needed: ``.numpy()``,
+``float()``, ``bool()``, printing, NumPy conversion, or TensorFlow and Keras
+converting it to a tensor.
+"""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from ..context import context
+
+
+class VirtualNode:
+    """One recorded op (or one output of a multi-output op).
+
+    Fields: ``id`` (global, increasing, so a topological order), ``row`` (the
+    op-table row), ``inputs`` (VirtualNodes, tensors, variables or Python
+    values), ``attrs`` (the op's other arguments, hashable), ``spec`` (dtype
+    and shape), ``result`` (the tf.Tensor once evaluated, else None), ``site``
+    (code object and line of the user's call, for error messages) and ``meta``
+    (an open dict for passes, None until one needs it).
+    """
+
+    __slots__ = ("id", "row", "inputs", "attrs", "spec", "result", "site",
+                 "meta", "__weakref__")
+
+    # tf.is_tensor() and Keras treat tensor-like objects as tensors.
+    is_tensor_like = True
+    # NumPy defers binary operators to us (np.float32(2) * node records).
+    __array_priority__ = 100
+
+    def __init__(self, node_id, row, inputs, attrs, spec, site):
+        self.id = node_id
+        self.row = row
+        self.inputs = inputs
+        self.attrs = attrs
+        self.spec = spec
+        self.result = None
+        self.site = site
+        self.meta = None
+
+    # -- static facts, no evaluation --------------------------------------
+    @property
+    def dtype(self):
+        return self.spec.dtype
+
+    @property
+    def shape(self):
+        return tf.TensorShape(self.spec.shape)
+
+    def get_shape(self):
+        return self.shape
+
+    @property
+    def ndim(self):
+        return len(self.spec.shape)
+
+    def __len__(self):
+        if not self.spec.shape:
+            raise TypeError("Scalar tensor has no `len()`")
+        return self.spec.shape[0]
+
+    def __iter__(self):
+        if not self.spec.shape:
+            raise TypeError("Cannot iterate over a scalar tensor.")
+        return (self[i] for i in range(self.spec.shape[0]))
+
+    # Nodes are hashed by identity, so passes can key dicts by node (a
+    # tf.Tensor refuses hashing because ``==`` is elementwise; here too).
+    __hash__ = object.__hash__
+
+    # -- evaluation ----------------------------------------------------------
+    def value(self):
+        """The tf.Tensor this node stands for, evaluating it if needed."""
+        if self.result is None:
+            from ..evaluate import evaluate
+            evaluate([self])
+        return self.result
+
+    def numpy(self):
+        return self.value().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.value().numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        # TensorFlow or Keras converting a node: an op outside the table, so
+        # it runs eagerly on the value; counted so users see what falls back.
+        if self.result is None:
+            context.fallbacks[_fallback_culprit()] += 1
+        return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
+
+    def __bool__(self):
+        return bool(self.value())
+
+    def __float__(self):
+        return float(self.value())
+
+    def __int__(self):
+        return int(self.value())
+
+    def __index__(self):
+        return self.value().__index__()
+
+    def __format__(self, format_spec):
+        return format(self.value(), format_spec)
+
+    def __repr__(self):
+        return repr(self.value())
+
+    def __str__(self):
+        return str(self.value())
+
+
+_LIBRARY_PREFIXES = ("tensorflow", "keras", "tf_keras", "numpy")
+_GENERIC_WRAPPERS = {"op_dispatch_handler", "error_handler", "wrapper",
+                     "wrapped", "convert_to_tensor", "__call__"}
+
+
+def _fallback_culprit():
+    """Name the library function and the user's line that forced a value."""
+    frame = sys._getframe(2)
+    library_frames = []
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_LIBRARY_PREFIXES):
+            library_frames.append(frame)
+        elif not module.startswith("subgraphjit") and library_frames:
+            break
+        frame = frame.f_back
+    if not library_frames:
+        return "convert_to_tensor"
+    # Outermost first: the function the user called, skipping dispatch layers.
+    name = None
+    for library_frame in reversed(library_frames):
+        code = library_frame.f_code
+        owner = library_frame.f_locals.get("self")
+        if code.co_name == "__call__" and owner is not None:
+            name = f"{type(owner).__name__}.__call__"
+            break
+        if code.co_name not in _GENERIC_WRAPPERS:
+            name = code.co_qualname
+            break
+    name = name or library_frames[-1].f_code.co_qualname
+    if frame is None:
+        return name
+    return f"{name} ({frame.f_code.co_filename}:{frame.f_lineno})"

@@ -1,0 +1,208 @@
+"""Recording: op-table rows, the record hot path, and generated wrappers.
+
+Every patched function is generated from its op-table row with the exact
+signature of the TensorFlow function it replaces (read with ``inspect``), so
+positional and keyword calls, defaults and ``name=`` all behave as in
+TensorFlow.  A wrapper does one of three things:
+
+* eager mode: calls the real TensorFlow function with the user's arguments;
+* lazy mode: records a VirtualNode (``record``), whose spec comes from a cache
+  keyed by the op's attributes and operand specs;
+* an operand the recorder cannot describe (a symbolic tensor inside a
+  tf.function, a ragged tensor, ...): calls the real function, as eager mode.
+"""
+
+import inspect
+import linecache
+import sys
+
+from ..context import context, new_node_id
+from . import spec as specs
+from .node import VirtualNode
+from .spec import NotLazy, spec_of_foreign
+
+_getframe = sys._getframe
+
+
+class OpRow:
+    """One row of the op table.
+
+    The first ``tensors`` parameters of ``fn`` take tensors (with
+    ``list_input``, the first parameter takes a list of tensors); every other
+    parameter except ``name`` is an attribute.  ``index_positions`` are tensor
+    operands holding indices (stand-ins there are zeros).  ``family`` says how
+    the op batches; ``multi_output`` ops return a list of nodes.
+    """
+
+    def __init__(self, name, fn, family, tensors=1, list_input=False,
+                 index_positions=(), multi_output=False, thaw=None):
+        self.name = name
+        self.fn = fn
+        self.family = family
+        self.tensors = tensors
+        self.list_input = list_input
+        self.index_positions = frozenset(index_positions)
+        self.multi_output = multi_output
+        self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
+        self.cache = {}             # (attrs, *operand specs) -> output spec
+        self.call = None            # (operand values, attrs) -> result
+        self.tensor_params = ()
+        self.attr_params = ()
+
+    def __repr__(self):
+        return f"OpRow({self.name})"
+
+
+def record(row, inputs, attrs):
+    """Record ``row`` applied to ``inputs``; returns a VirtualNode (or list)."""
+    key = [attrs]
+    for operand in inputs:
+        if type(operand) is VirtualNode:
+            key.append(operand.spec)
+        else:
+            key.append(spec_of_foreign(operand))
+    key = tuple(key)
+    try:
+        output_spec = row.cache.get(key)
+    except TypeError:  # an unhashable attribute, such as a list
+        attrs = freeze(attrs)
+        key = (attrs,) + key[1:]
+        output_spec = row.cache.get(key)
+    frame = _getframe(2)
+    site = (frame.f_code, frame.f_lineno)
+    if output_spec is None:
+        output_spec = _infer(row, inputs, attrs, key, site)
+    node = VirtualNode(new_node_id(), row, inputs, attrs, output_spec, site)
+    pending = context.pending
+    if pending is not None:
+        pending.append(node)
+    if row.multi_output:
+        return [_access(node, index, site) for index in range(len(output_spec))]
+    return node
+
+
+def _access(node, index, site):
+    """Output ``index`` of a multi-output node (the thesis's ``access``)."""
+    output = VirtualNode(new_node_id(), ACCESS, (node,), (index,),
+                         node.spec[index], site)
+    if context.pending is not None:
+        context.pending.append(output)
+    return output
+
+
+def _infer(row, inputs, attrs, key, site):
+    """Run the real op once on stand-ins to learn its output spec (cached)."""
+    stand_ins = [
+        specs.stand_in(key[position + 1], position in row.index_positions)
+        for position in range(len(inputs))]
+    context.shape_inferences += 1
+    try:
+        result = row.call(stand_ins, attrs)
+    except Exception as error:
+        raise annotate(error, row, site) from None
+    output_spec = specs.spec_of_result(result)
+    row.cache[key] = output_spec
+    return output_spec
+
+
+def annotate(error, row, site):
+    """Add the user's line to a TensorFlow error raised for a recorded op."""
+    code, line = site
+    error.add_note(f"subgraphjit: raised by {row.name}, recorded at "
+                   f"{code.co_filename}:{line} in {code.co_name}")
+    return error
+
+
+class FrozenSlice(tuple):
+    """A hashable stand-in for a ``slice`` in an attribute."""
+
+
+def freeze(value):
+    """Make an attribute hashable: lists become tuples, tensors tuples of
+    numbers, slices FrozenSlice; ``thaw`` undoes the slices."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(item) for item in value)
+    if isinstance(value, slice):
+        return FrozenSlice(freeze((value.start, value.stop, value.step)))
+    if isinstance(value, VirtualNode) or hasattr(value, "numpy"):
+        # A tensor used as an attribute (a shape, an axis): its value counts.
+        array = value.numpy() if not isinstance(value, VirtualNode) else value.value().numpy()
+        return array.item() if array.ndim == 0 else freeze(array.tolist())
+    hash(value)
+    return value
+
+
+def thaw(value):
+    if isinstance(value, FrozenSlice):
+        return slice(*value)
+    if isinstance(value, tuple):
+        return tuple(thaw(item) for item in value)
+    return value
+
+
+# -- code generation of wrappers and callers ---------------------------------
+
+def _parameters(fn):
+    return list(inspect.signature(fn).parameters.values())
+
+
+def build_row_functions(row, public_name):
+    """Generate ``row.call`` and the patched wrapper for ``row.fn``."""
+    parameters = _parameters(row.fn)
+    names = [p.name for p in parameters]
+    row.tensor_params = tuple(names[:1 if row.list_input else row.tensors])
+    row.attr_params = tuple(n for n in names
+                            if n not in row.tensor_params and n != "name")
+    defaults = {p.name: p.default for p in parameters
+                if p.default is not inspect.Parameter.empty}
+
+    if row.list_input:
+        inputs_expr = f"tuple({row.tensor_params[0]})"
+        call_tensors = {row.tensor_params[0]: "list(values)"}
+    else:
+        inputs_expr = "(" + "".join(f"{p}, " for p in row.tensor_params) + ")"
+        call_tensors = {p: f"values[{i}]" for i, p in enumerate(row.tensor_params)}
+    attrs_expr = "(" + "".join(f"{p}, " for p in row.attr_params) + ")"
+    thawed = "_thaw(attrs)" if row.thaw else "attrs"
+    call_attrs = {p: f"{thawed}[{i}]" for i, p in enumerate(row.attr_params)}
+    call_args = ", ".join(
+        f"{n}={call_tensors.get(n) or call_attrs[n]}"
+        for n in names if n != "name")
+
+    signature = ", ".join(
+        n if n not in defaults else f"{n}=_defaults[{n!r}]" for n in names)
+    passthrough = ", ".join(f"{n}={n}" for n in names)
+    source = (
+        f"def wrapper({signature}):\n"
+        f"    if _context.lazy:\n"
+        f"        try:\n"
+        f"            return _record(_row, {inputs_expr}, {attrs_expr})\n"
+        f"        except _NotLazy:\n"
+        f"            pass\n"
+        f"    return _fn({passthrough})\n"
+        f"\n"
+        f"def call(values, attrs):\n"
+        f"    return _fn({call_args})\n")
+    namespace = {"_context": context, "_record": record, "_row": row,
+                 "_NotLazy": NotLazy, "_fn": row.fn, "_defaults": defaults,
+                 "_thaw": row.thaw}
+    filename = f"<subgraphjit wrapper {row.name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True),
+                                 filename)
+    exec(compile(source, filename, "exec"), namespace)
+    row.call = namespace["call"]
+    wrapper = namespace["wrapper"]
+    wrapper.__name__ = wrapper.__qualname__ = public_name
+    wrapper.__doc__ = (f"Lazily recorded version of tf.{row.name} "
+                       f"(subgraphjit).\n\n{row.fn.__doc__ or ''}")
+    wrapper.__wrapped__ = row.fn
+    wrapper.__module__ = "subgraphjit"
+    return wrapper
+
+
+def _access_call(values, attrs):
+    return values[0][attrs[0]]
+
+
+ACCESS = OpRow("access", None, "access")
+ACCESS.call = _access_call

@@ -1,0 +1,98 @@
+"""Output specs (dtype and shape) of recorded ops, known at record time.
+
+A ``Spec`` is interned: equal (dtype, shape) pairs are the same object, so a
+spec hashes and compares by identity.  That makes the inference cache key of a
+recorded op -- its attributes plus the specs of its operands -- cheap to build
+and to look up, which matters because every recorded op does it once.
+
+Inference itself runs the real TensorFlow op once on stand-in operands of the
+right specs (ones, or zeros for index operands) and caches the result per key.
+So the specs and the error messages are TensorFlow's own, for every op, with
+no hand-written shape functions to drift from TensorFlow's behaviour.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+
+class Spec:
+    """The dtype and static shape of a value, interned (compare with ``is``)."""
+
+    __slots__ = ("dtype", "shape", "python_type")
+
+    def __init__(self, dtype, shape, python_type=None):
+        self.dtype = dtype            # a tf.DType, or None for a Python value
+        self.shape = shape            # a tuple of ints
+        self.python_type = python_type  # int/float/bool/list for Python values
+
+    def __repr__(self):
+        if self.python_type is not None:
+            return f"Spec(python {self.python_type.__name__}, shape={self.shape})"
+        return f"Spec({self.dtype.name}, shape={self.shape})"
+
+
+_interned = {}
+
+
+def spec(dtype, shape, python_type=None):
+    key = (dtype, shape, python_type)
+    found = _interned.get(key)
+    if found is None:
+        found = _interned[key] = Spec(dtype, shape, python_type)
+    return found
+
+
+_SCALAR_SPECS = {kind: spec(None, (), kind) for kind in (int, float, bool)}
+
+
+def spec_of_foreign(value):
+    """The spec of an operand that is not a VirtualNode.
+
+    Tensors and variables give theirs; Python scalars and lists get a spec of
+    their kind and shape only, since TensorFlow converts them to the dtype the
+    op asks for (``x + 2`` on a float tensor adds 2.0).
+    """
+    scalar_spec = _SCALAR_SPECS.get(type(value))
+    if scalar_spec is not None:
+        return scalar_spec
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        shape = value.shape
+        if shape.rank is None or None in shape:
+            raise NotLazy
+        return spec(value.dtype, tuple(shape))
+    if isinstance(value, np.ndarray) or np.isscalar(value):
+        array = np.asarray(value)
+        return spec(tf.as_dtype(array.dtype), array.shape)
+    if isinstance(value, (list, tuple)):
+        array = np.asarray(value)
+        if array.dtype == object:
+            raise NotLazy
+        kind = {"b": bool, "i": int, "u": int, "f": float}.get(array.dtype.kind)
+        if kind is None:
+            raise NotLazy
+        return spec(None, array.shape, kind)
+    raise NotLazy
+
+
+class NotLazy(Exception):
+    """An operand the recorder cannot describe; the op runs eagerly instead."""
+
+
+def stand_in(value_spec, index):
+    """A value of ``value_spec`` to run an op on for shape inference."""
+    fill = 0 if index else 1
+    if value_spec.python_type is not None:
+        if value_spec.shape == ():
+            return value_spec.python_type(fill)
+        return np.full(value_spec.shape, fill,
+                       dtype=object).astype(value_spec.python_type).tolist()
+    if value_spec.dtype == tf.string:
+        return tf.fill(value_spec.shape, "")
+    return tf.fill(value_spec.shape, tf.constant(fill, value_spec.dtype))
+
+
+def spec_of_result(result):
+    """The spec (or tuple of specs, for a multi-output op) of an op's result."""
+    if isinstance(result, (list, tuple)):
+        return tuple(spec_of_result(item) for item in result)
+    return spec(result.dtype, tuple(result.shape))

@@ -1,0 +1,140 @@
+"""The op table: one row per TensorFlow op that subgraphjit records lazily.
+
+A row names the public TensorFlow function, how the op batches (its family),
+how many of its leading parameters take tensors, and which of those hold
+indices.  Everything else -- the wrapper with TensorFlow's exact signature,
+the evaluator, every public alias (``tf.add`` is ``tf.math.add``), the
+VirtualNode operator overloads -- is generated from these rows.  Ops not
+listed here still work: given a VirtualNode they evaluate it first, and
+``tf.stats()['fallback_ops']`` counts them, so adding a row is a speed
+change, never a correctness change.
+
+Families, for the batching layer:
+
+=============  ==============================================================
+elementwise    one tensor in, same shape out (sigmoid, tanh, exp, cast, ...)
+broadcasting   tensors broadcast against each other (add, maximum, clip)
+reduction      reduces the axes its attributes name (reduce_sum, softmax)
+matmul         matrix products, with transpose flags
+shape          moves data, never computes (reshape, transpose, slicing)
+concat         joins a list of tensors (concat, stack, add_n)
+split          multi-output: one tensor to a list (split, unstack)
+gather         indexes a table with integer ids (gather, embedding_lookup)
+loss           losses over logits and labels
+=============  ==============================================================
+"""
+
+import operator
+
+import tensorflow as tf
+
+from .record import OpRow, thaw
+
+
+def _resolve(path):
+    target = tf
+    for part in path.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _rows(family, paths, **options):
+    return [OpRow(path, _resolve(path), family, **options) for path in paths]
+
+
+TF_ROWS = [
+    *_rows("elementwise", [
+        "math.sigmoid", "math.tanh", "nn.relu", "nn.relu6", "nn.elu",
+        "nn.selu", "nn.softplus", "nn.softsign", "nn.silu", "nn.gelu",
+        "nn.leaky_relu", "math.log_sigmoid", "math.exp", "math.log",
+        "math.log1p", "math.expm1", "math.negative", "math.abs",
+        "math.square", "math.sqrt", "math.rsqrt", "math.reciprocal",
+        "math.sign", "math.floor", "math.ceil", "math.round", "math.sin",
+        "math.cos", "math.erf", "math.logical_not", "cast", "identity",
+        "zeros_like", "ones_like", "stop_gradient"]),
+    *_rows("broadcasting", [
+        "math.add", "math.subtract", "math.multiply", "math.divide",
+        "math.truediv", "math.floordiv", "math.floormod", "math.pow",
+        "math.maximum", "math.minimum", "math.squared_difference",
+        "math.equal", "math.not_equal", "math.less", "math.less_equal",
+        "math.greater", "math.greater_equal", "math.logical_and",
+        "math.logical_or", "nn.bias_add"], tensors=2),
+    *_rows("broadcasting", ["clip_by_value"], tensors=3),
+    *_rows("reduction", [
+        "math.reduce_sum", "math.reduce_mean", "math.reduce_max",
+        "math.reduce_min", "math.reduce_prod", "math.reduce_logsumexp",
+        "math.reduce_any", "math.reduce_all", "math.argmax", "math.argmin",
+        "nn.softmax", "nn.log_softmax"]),
+    *_rows("matmul", ["linalg.matmul", "tensordot"], tensors=2),
+    *_rows("shape", ["reshape", "transpose", "expand_dims", "squeeze",
+                     "tile", "reverse"]),
+    *_rows("concat", ["concat", "stack", "math.add_n"], list_input=True),
+    *_rows("split", ["split", "unstack"], multi_output=True),
+    *_rows("gather", ["gather", "nn.embedding_lookup"], tensors=2,
+           index_positions=(1,)),
+    *_rows("gather", ["one_hot"], index_positions=(0,)),
+    *_rows("loss", ["nn.sparse_softmax_cross_entropy_with_logits"],
+           tensors=2, index_positions=(0,)),
+    *_rows("loss", ["nn.softmax_cross_entropy_with_logits",
+                    "nn.sigmoid_cross_entropy_with_logits"], tensors=2),
+]
+
+
+# -- Python operators on VirtualNodes -----------------------------------------
+# Each row evaluates with Python's own operator on real tensors, so ``2 - x``
+# and ``x[1:, ::2]`` mean exactly what they mean on a tf.Tensor.
+
+def _operator_function(name, python_operator, arity):
+    if arity == 1:
+        def function(x):
+            return python_operator(x)
+    else:
+        def function(x, y):
+            return python_operator(x, y)
+    function.__name__ = name
+    function.__qualname__ = name
+    return function
+
+
+# dunder name -> (row name, Python operator, arity, reflected dunder or None)
+OPERATORS = {
+    "__add__": ("add", operator.add, 2, "__radd__"),
+    "__sub__": ("sub", operator.sub, 2, "__rsub__"),
+    "__mul__": ("mul", operator.mul, 2, "__rmul__"),
+    "__truediv__": ("truediv", operator.truediv, 2, "__rtruediv__"),
+    "__floordiv__": ("floordiv", operator.floordiv, 2, "__rfloordiv__"),
+    "__mod__": ("mod", operator.mod, 2, "__rmod__"),
+    "__pow__": ("pow", operator.pow, 2, "__rpow__"),
+    "__matmul__": ("matmul", operator.matmul, 2, "__rmatmul__"),
+    "__and__": ("and", operator.and_, 2, "__rand__"),
+    "__or__": ("or", operator.or_, 2, "__ror__"),
+    "__xor__": ("xor", operator.xor, 2, "__rxor__"),
+    "__lt__": ("lt", operator.lt, 2, None),
+    "__le__": ("le", operator.le, 2, None),
+    "__gt__": ("gt", operator.gt, 2, None),
+    "__ge__": ("ge", operator.ge, 2, None),
+    "__eq__": ("eq", operator.eq, 2, None),
+    "__ne__": ("ne", operator.ne, 2, None),
+    "__neg__": ("neg", operator.neg, 1, None),
+    "__abs__": ("abs", operator.abs, 1, None),
+    "__invert__": ("invert", operator.invert, 1, None),
+}
+
+_FAMILY_OF_OPERATOR = {"matmul": "matmul", "neg": "elementwise",
+                       "abs": "elementwise", "invert": "elementwise"}
+
+OPERATOR_ROWS = {
+    dunder: OpRow(f"operator.{name}",
+                  _operator_function(name, python_operator, arity),
+                  _FAMILY_OF_OPERATOR.get(name, "broadcasting"), tensors=arity)
+    for dunder, (name, python_operator, arity, _) in OPERATORS.items()
+}
+
+
+def _getitem(tensor, slice_spec):
+    return tensor[slice_spec]
+
+
+GETITEM = OpRow("operator.getitem", _getitem, "shape", thaw=thaw)
+
+ALL_ROWS = TF_ROWS + list(OPERATOR_ROWS.values()) + [GETITEM]
