@@ -144,7 +144,8 @@ def _fallback_culprit():
         if code.co_name == "__call__" and owner is not None:
             name = f"{type(owner).__name__}.__call__"
             break
-        if code.co_name not in _GENERIC_WRAPPERS:
+        if code.co_name not in _GENERIC_WRAPPERS \
+                and "<locals>" not in code.co_qualname:
             name = code.co_qualname
             break
     name = name or library_frames[-1].f_code.co_qualname

@@ -88,7 +88,7 @@ def stand_in(value_spec, index):
                        dtype=object).astype(value_spec.python_type).tolist()
     if value_spec.dtype == tf.string:
         return tf.fill(value_spec.shape, "")
-    return tf.fill(value_spec.shape, tf.constant(fill, value_spec.dtype))
+    return (tf.zeros if index else tf.ones)(value_spec.shape, value_spec.dtype)
 
 
 def spec_of_result(result):
