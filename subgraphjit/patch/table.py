@@ -138,3 +138,33 @@ def _getitem(tensor, slice_spec):
 GETITEM = OpRow("operator.getitem", _getitem, "shape", thaw=thaw)
 
 ALL_ROWS = TF_ROWS + list(OPERATOR_ROWS.values()) + [GETITEM]
+
+
+def markdown_table():
+    """The op table as Markdown, as the README shows it (kept current by a
+    test): one line per family with every public name it records."""
+    import subgraphjit
+
+    public_names = {}
+    for module_name in ("", "math.", "nn.", "linalg."):
+        module = subgraphjit if not module_name else getattr(
+            subgraphjit, module_name[:-1])
+        for attribute, value in vars(module).items():
+            row = getattr(getattr(value, "__wrapped__", None), "__name__", None)
+            if row is not None and callable(value) and not attribute.startswith("_"):
+                public_names.setdefault(value, []).append(
+                    f"tf.{module_name}{attribute}")
+    by_family = {}
+    for row in TF_ROWS:
+        wrapper = next((w for w in public_names
+                        if w.__wrapped__ is row.fn), None)
+        names = sorted(public_names.get(wrapper, [f"tf.{row.name}"]))
+        by_family.setdefault(row.family, []).extend(names)
+    operators = " ".join(f"`{dunder}`" for dunder in OPERATORS) + " `__getitem__`"
+    lines = ["| family | ops |", "|---|---|"]
+    lines += [f"| {family} | {', '.join(f'`{n}`' for n in names)} |"
+              for family, names in by_family.items()]
+    lines.append(f"| VirtualNode operators | {operators} |")
+    lines.append("| special | `tf.shape` (static, no evaluation), "
+                 "`tf.nn.dropout` (mask drawn at record time) |")
+    return "\n".join(lines)
