@@ -55,7 +55,9 @@ class OpRow:
 
 def record(row, inputs, attrs):
     """Record ``row`` applied to ``inputs``; returns a VirtualNode (or list)."""
-    key = [attrs]
+    # Attribute types are part of the key because equal values of different
+    # types (1, 1.0, True) can make different dtypes (tf.one_hot on_value).
+    key = [attrs, tuple(map(type, attrs))] if attrs else [attrs, ()]
     for operand in inputs:
         if type(operand) is VirtualNode:
             key.append(operand.spec)
@@ -93,7 +95,7 @@ def _access(node, index, site):
 def _infer(row, inputs, attrs, key, site):
     """Run the real op once on stand-ins to learn its output spec (cached)."""
     stand_ins = [
-        specs.stand_in(key[position + 1], position in row.index_positions)
+        specs.stand_in(key[position + 2], position in row.index_positions)
         for position in range(len(inputs))]
     context.shape_inferences += 1
     try:
@@ -124,11 +126,15 @@ def freeze(value):
         return tuple(freeze(item) for item in value)
     if isinstance(value, slice):
         return FrozenSlice(freeze((value.start, value.stop, value.step)))
-    if isinstance(value, VirtualNode) or hasattr(value, "numpy"):
-        # A tensor used as an attribute (a shape, an axis): its value counts.
-        array = value.numpy() if not isinstance(value, VirtualNode) else value.value().numpy()
+    if hasattr(value, "numpy"):
+        # A tensor (or node) used as an attribute, such as a shape or an axis:
+        # its value is what counts.
+        array = value.numpy()
         return array.item() if array.ndim == 0 else freeze(array.tolist())
-    hash(value)
+    try:
+        hash(value)
+    except TypeError:
+        raise NotLazy from None
     return value
 
 
