@@ -54,6 +54,15 @@ PARAMETERS = {
     "collect": Parameter(
         3, int, _positive_int,
         "P_Collect: minibatches used to collect pattern statistics (thesis 4.7)"),
+    "scheduler": Parameter(
+        "agenda", str, _one_of("none", "depth", "agenda"),
+        "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
+        "or 'none' to run every node on its own"),
+    "lower_bound": Parameter(
+        False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
+        lambda value: isinstance(value, bool),
+        "compute ED-Batch's lower bound on batches per evaluation (costs "
+        "one pass over the graph per node type)"),
     "debug": Parameter(
         False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
         lambda value: isinstance(value, bool),
@@ -140,6 +149,11 @@ class Context:
         self.evaluations = 0
         self.fallbacks = collections.Counter()
         self.evaluate_seconds = 0.0
+        self.batching = {
+            "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
+            "unbatched": collections.Counter(), "gathers": 0, "slices": 0,
+            "stacks": 0, "bytes_gathered": 0, "duplicates_skipped": 0,
+            "analysis_seconds": 0.0, "execute_seconds": 0.0}
         self.inference_seconds = 0.0
         self.shape_inferences = 0
         self.started = time.perf_counter()
@@ -155,6 +169,8 @@ class Context:
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "evaluate_seconds": self.evaluate_seconds,
+            **{key: dict(value) if isinstance(value, collections.Counter) else value
+               for key, value in self.batching.items()},
             # Wall time outside evaluation: the user's model code and its
             # recording, the thesis's "DAG construction" (timing each op
             # would cost a quarter of the recording budget).

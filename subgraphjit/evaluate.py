@@ -13,6 +13,7 @@ import time
 
 import tensorflow as tf
 
+from . import batch
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import annotate
@@ -22,21 +23,21 @@ def unevaluated_ancestors(targets):
     """Every unevaluated node the targets depend on, in recording order."""
     found = {}
     stack = [node for node in targets
-             if type(node) is VirtualNode and node.result is None]
+             if type(node) is VirtualNode and not node.evaluated]
     while stack:
         node = stack.pop()
         if node.id in found:
             continue
         found[node.id] = node
         for operand in node.inputs:
-            if type(operand) is VirtualNode and operand.result is None \
+            if type(operand) is VirtualNode and not operand.evaluated \
                     and operand.id not in found:
                 stack.append(operand)
     return [found[node_id] for node_id in sorted(found)]
 
 
 def run_node(node):
-    values = [operand.result if type(operand) is VirtualNode else operand
+    values = [operand.value() if type(operand) is VirtualNode else operand
               for operand in node.inputs]
     try:
         node.result = node.row.call(values, node.attrs)
@@ -55,14 +56,25 @@ def evaluate(targets):
         return
     started = time.perf_counter()
     context.session += 1
-    for node in nodes:
-        run_node(node)
+    scheduler = context.parameters["scheduler"]
+    if scheduler == "none":
+        for node in nodes:
+            run_node(node)
+        launches = len(nodes)
+    else:
+        statistics = context.batching
+        before = statistics["batches"]
+        graph = batch.execute(nodes, statistics, scheduler)
+        launches = statistics["batches"] - before
+        if context.parameters["lower_bound"]:
+            statistics["lower_bound"] += batch.lower_bound(graph)
     context.evaluations += 1
     context.nodes_evaluated += len(nodes)
     context.evaluate_seconds += time.perf_counter() - started
     if context.parameters["debug"]:
-        print(f"subgraphjit: evaluation {context.session}: {len(nodes)} nodes "
-              f"in {(time.perf_counter() - started) * 1e3:.2f} ms")
+        print(f"subgraphjit: evaluation {context.session}: {len(nodes)} nodes, "
+              f"{launches} launches ({scheduler}) in "
+              f"{(time.perf_counter() - started) * 1e3:.2f} ms")
 
 
 def build(structure):
@@ -71,5 +83,5 @@ def build(structure):
     leaves = tf.nest.flatten(structure, expand_composites=False)
     evaluate(leaves)
     return tf.nest.map_structure(
-        lambda leaf: leaf.result if type(leaf) is VirtualNode else leaf,
+        lambda leaf: leaf.value() if type(leaf) is VirtualNode else leaf,
         structure)

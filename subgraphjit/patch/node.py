@@ -23,11 +23,13 @@ class VirtualNode:
     values), ``attrs`` (the op's other arguments, hashable), ``spec`` (dtype
     and shape), ``result`` (the tf.Tensor once evaluated, else None), ``site``
     (code object and line of the user's call, for error messages) and ``meta``
-    (an open dict for passes, None until one needs it).
+    (an open dict for passes, None until one needs it).  The batching layer
+    leaves a node's value as row ``batch_row`` of a batched tensor ``batch``
+    and takes the row out (``result``) only when someone asks for it.
     """
 
     __slots__ = ("id", "row", "inputs", "attrs", "spec", "result", "site",
-                 "meta", "__weakref__")
+                 "meta", "batch", "batch_row", "__weakref__")
 
     # tf.is_tensor() and Keras treat tensor-like objects as tensors.
     is_tensor_like = True
@@ -43,6 +45,8 @@ class VirtualNode:
         self.result = None
         self.site = site
         self.meta = None
+        self.batch = None       # a batched result holding this node's value
+        self.batch_row = None   # ... as this row of ``batch``
 
     # -- static facts, no evaluation --------------------------------------
     @property
@@ -78,9 +82,17 @@ class VirtualNode:
     def value(self):
         """The tf.Tensor this node stands for, evaluating it if needed."""
         if self.result is None:
-            from ..evaluate import evaluate
-            evaluate([self])
+            if self.batch is None:
+                from ..evaluate import evaluate
+                evaluate([self])
+            if self.result is None:
+                self.result = _row_of(self.batch, self.batch_row)
+                self.batch = None
         return self.result
+
+    @property
+    def evaluated(self):
+        return self.result is not None or self.batch is not None
 
     def numpy(self):
         return self.value().numpy()
@@ -92,7 +104,7 @@ class VirtualNode:
     def __tf_tensor__(self, dtype=None, name=None):
         # TensorFlow or Keras converting a node: an op outside the table, so
         # it runs eagerly on the value; counted so users see what falls back.
-        if self.result is None:
+        if not self.evaluated:
             context.fallbacks[_fallback_culprit()] += 1
         return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
@@ -116,6 +128,12 @@ class VirtualNode:
 
     def __str__(self):
         return str(self.value())
+
+
+def _row_of(batch, row):
+    if isinstance(batch, list):  # a multi-output op's batched outputs
+        return [output[row] for output in batch]
+    return batch[row]
 
 
 _LIBRARY_PREFIXES = ("tensorflow", "keras", "tf_keras", "numpy")

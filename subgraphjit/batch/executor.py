@@ -1,0 +1,174 @@
+"""The batched executor: runs the scheduler's batches, one op per batch.
+
+For each batch it assembles every per-instance operand into one stacked
+tensor -- the earlier batched result itself when the rows are all of it in
+order, a slice when they are an in-order run of it, a gather otherwise --
+runs the batch rule, and remembers each node's value as a row of the result.
+Rows are taken out of batched results only when something asks for a node's
+value, so intermediate nodes never cost an op of their own.  Everything runs
+under the caller's GradientTape, so gradients are exact.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from ..patch.record import ACCESS, annotate
+from .graph import NodeOperand
+from .rules import NoRule, rule_for
+
+_NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
+
+
+class Executor:
+    def __init__(self, graph, statistics):
+        self.graph = graph
+        self.statistics = statistics
+        count = len(graph)
+        self.batch_of = [None] * count    # batched result holding node i ...
+        self.row_of = [None] * count      # ... as this row
+        self.result_of = [None] * count   # or node i's own result
+
+    # -- operands ------------------------------------------------------------
+    def _location(self, operand):
+        """(source tensor, row) of a node operand; row None: the value itself."""
+        if operand.index < 0:
+            node = operand.node
+            if node.result is None and node.batch is not None:
+                return node.batch, node.batch_row
+            return node.value(), None
+        index = operand.index
+        batch = self.batch_of[index]
+        if batch is not None:
+            if operand.pick is not None:
+                batch = batch[operand.pick]
+            return batch, self.row_of[index]
+        result = self.result_of[index]
+        return (result if operand.pick is None else result[operand.pick]), None
+
+    def _single_value(self, operand):
+        if not isinstance(operand, NodeOperand):
+            return operand
+        source, row = self._location(operand)
+        return source if row is None else source[row]
+
+    def _stacked(self, position, indices, operand_spec):
+        """The operand at ``position`` of every node, stacked on axis 0."""
+        operands = [self.graph.operands[i][position] for i in indices]
+        if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
+            kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
+            return np.array(operands, dtype=kind)
+        locations = [self._location(operand) for operand in operands]
+        first_source, first_row = locations[0]
+        count = len(locations)
+        if first_row is not None and all(
+                source is first_source and row == first_row + offset
+                for offset, (source, row) in enumerate(locations)):
+            if first_row == 0 and count == first_source.shape[0]:
+                return first_source
+            self.statistics["slices"] += 1
+            return first_source[first_row:first_row + count]
+        if all(row is None for _, row in locations):
+            self.statistics["stacks"] += 1
+            return tf.stack([source for source, _ in locations])
+        # Rows of several results: one concat of the sources, one gather.
+        sources, offsets, singles, rows = [], {}, [], []
+        for source, row in locations:
+            if row is None:
+                rows.append(("single", len(singles)))
+                singles.append(source)
+                continue
+            if id(source) not in offsets:
+                offsets[id(source)] = sum(s.shape[0] for s in sources)
+                sources.append(source)
+            rows.append(("row", offsets[id(source)] + row))
+        if singles:
+            base = sum(s.shape[0] for s in sources)
+            sources.append(tf.stack(singles))
+            rows = [r if kind == "row" else base + r for kind, r in rows]
+        else:
+            rows = [r for _, r in rows]
+        table = sources[0] if len(sources) == 1 else tf.concat(sources, 0)
+        self.statistics["gathers"] += 1
+        self.statistics["bytes_gathered"] += (
+            count * int(np.prod(table.shape[1:])) * table.dtype.size)
+        return tf.gather(table, rows)
+
+    # -- running batches -----------------------------------------------------
+    def run(self, indices):
+        graph = self.graph
+        first = graph.nodes[indices[0]]
+        node_type = graph.type_of[indices[0]]
+        shared = graph.shared_operand[node_type]
+        statistics = self.statistics
+        statistics["batches"] += 1
+        statistics["batch_sizes"][len(indices)] += 1
+        if len(indices) == 1 or all(shared):
+            self._run_each(indices)
+            return
+        rule = rule_for(first.row)
+        if rule is None:
+            statistics["unbatched"][f"{first.row.name}: no batch rule"] += len(indices)
+            self._run_each(indices)
+            return
+        signature = graph.signatures[node_type]
+        operand_specs = signature[3:]
+        values, ranks = [], []
+        for position, is_shared in enumerate(shared):
+            operand_spec = operand_specs[position]
+            if is_shared:
+                value = graph.operands[indices[0]][position]
+                values.append(value)
+                ranks.append(len(getattr(value, "shape", ())))
+            else:
+                values.append(self._stacked(position, indices, operand_spec))
+                ranks.append(len(operand_spec.shape))
+        try:
+            batched = rule(first.row, first.attrs, values, shared, ranks,
+                           first.spec if not first.row.multi_output else first.spec[0],
+                           len(indices))
+        except NoRule as reason:
+            statistics["unbatched"][f"{first.row.name}: {reason}"] += len(indices)
+            self._run_each(indices)
+            return
+        except (tf.errors.OpError, ValueError, TypeError):
+            # A bad value in one instance (an index out of range...): run them
+            # one by one so the error names the instance's own line.
+            self._run_each(indices)
+            return
+        for row, index in enumerate(indices):
+            self.batch_of[index] = batched
+            self.row_of[index] = row
+
+    def _run_each(self, indices):
+        graph = self.graph
+        for index in indices:
+            node = graph.nodes[index]
+            values = [self._single_value(operand) for operand in graph.operands[index]]
+            try:
+                self.result_of[index] = node.row.call(values, node.attrs)
+            except Exception as error:
+                raise annotate(error, node.row, node.site) from None
+
+    # -- results -------------------------------------------------------------
+    def write_back(self):
+        """Give every node its value (a row of a batch, or its own result)."""
+        graph = self.graph
+        for index, node in enumerate(graph.nodes):
+            if node.row is ACCESS:
+                if node.result is None and node.batch is None:
+                    source_index = graph.duplicate_of[graph.operands[index][0].index]
+                    pick = node.attrs[0]
+                    if self.batch_of[source_index] is not None:
+                        node.batch = self.batch_of[source_index][pick]
+                        node.batch_row = self.row_of[source_index]
+                    else:
+                        node.result = self.result_of[source_index][pick]
+            else:
+                canonical = graph.duplicate_of[index]
+                if self.batch_of[canonical] is not None:
+                    node.batch = self.batch_of[canonical]
+                    node.batch_row = self.row_of[canonical]
+                else:
+                    node.result = self.result_of[canonical]
+            node.inputs = ()
+            node.site = None

@@ -1,0 +1,158 @@
+"""The batching view of a recorded DAG: node types, operands, duplicates.
+
+Two nodes may run in one batched op when they have the same *batching
+signature*: the op-table row, its attributes (with their types), and for each
+operand either its spec (a per-instance operand, stacked along a new leading
+axis) or its identity (a shared operand: the same tf.Variable or tensor, or
+the same Python number, given to every instance once).  Signatures are
+interned to small integers, the node *types* the schedulers work with.
+
+Identical work is done once: a node with the same signature as an earlier
+node and the very same operands (the same word's embedding lookup in twenty
+sentences, the same constant) becomes a *duplicate* and reuses its value.
+
+Multi-output ops (``tf.split``) are one node; the ``access`` nodes that pick
+their outputs are not scheduled, their consumers read the picked output.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from ..patch.node import VirtualNode
+from ..patch.record import ACCESS
+from ..patch.spec import spec_of_foreign
+
+_SHARED_TYPES = (tf.Variable, tf.Tensor)
+_PYTHON_NUMBERS = (int, float, bool)
+
+
+
+class BatchGraph:
+    """Nodes to evaluate, in recording order, with what batching needs.
+
+    ``nodes[i]`` is a VirtualNode; ``operands[i]`` lists, per operand, a
+    ``NodeOperand`` or the foreign value itself; ``type_of[i]`` is the node's
+    type (an index into ``signatures``) or -1 for nodes that are not
+    scheduled (duplicates and access nodes); ``duplicate_of[i]`` is the index
+    whose value node i reuses, or i.
+    """
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+        # Filled as we go: operands always come before their consumers.
+        position = {}
+        self.signatures = []
+        signature_types = {}
+        work_seen = {}
+        self.type_of = []
+        self.operands = []
+        self.duplicate_of = []
+        self.shared_operand = []   # per type: which operand positions are shared
+        for index, node in enumerate(nodes):
+            if node.row is ACCESS:
+                source = node.inputs[0]
+                source_index = position.get(source.id, -1)
+                if source_index < 0:  # its op ran in an earlier evaluation
+                    _take_output(node, source)
+                else:
+                    position[node.id] = index
+                self.operands.append([NodeOperand(source_index, None, source)])
+                self.type_of.append(-1)
+                self.duplicate_of.append(index)
+                continue
+            position[node.id] = index
+            operands, signature, identity = self._describe(node, position)
+            self.operands.append(operands)
+            identity_key = (signature, identity)
+            earlier = work_seen.get(identity_key)
+            if earlier is not None:
+                self.type_of.append(-1)
+                self.duplicate_of.append(earlier)
+                continue
+            work_seen[identity_key] = index
+            node_type = signature_types.get(signature)
+            if node_type is None:
+                node_type = signature_types[signature] = len(self.signatures)
+                self.signatures.append(signature)
+                self.shared_operand.append(tuple(
+                    not isinstance(operand, NodeOperand)
+                    and _is_shared(operand) for operand in operands))
+            self.type_of.append(node_type)
+            self.duplicate_of.append(index)
+        # In-graph operand nodes of each node (canonical indices), for the
+        # schedulers' dependency bookkeeping.
+        self.sources = [
+            tuple({self.duplicate_of[operand.index] for operand in operands
+                   if isinstance(operand, NodeOperand) and operand.index >= 0})
+            for operands in self.operands]
+
+    def _describe(self, node, position):
+        """Operands, batching signature, and identity of the node's work."""
+        operands = []
+        signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
+        identity = []
+        for operand in node.inputs:
+            if type(operand) is VirtualNode:
+                operand_index = position.get(operand.id, -1)
+                pick = None
+                if operand.row is ACCESS and operand_index >= 0:
+                    # Read the picked output of the multi-output node directly.
+                    pick = operand.attrs[0]
+                    operand = operand.inputs[0]
+                    operand_index = position[operand.id]
+                if operand_index >= 0:
+                    operand_index = self.duplicate_of[operand_index]
+                operands.append(NodeOperand(operand_index, pick, operand))
+                signature.append(operand.spec if pick is None
+                                 else operand.spec[pick])
+                identity.append((operand_index, pick) if operand_index >= 0
+                                else id(operand))
+            elif type(operand) in _PYTHON_NUMBERS:
+                operands.append(operand)
+                signature.append((type(operand), operand))
+                identity.append(None)
+            elif isinstance(operand, _SHARED_TYPES):
+                operands.append(operand)
+                signature.append(("shared", id(operand)))
+                identity.append(None)
+            else:  # lists and arrays: per instance, stacked
+                operands.append(operand)
+                signature.append(spec_of_foreign(operand))
+                identity.append(_value_key(operand))
+        return operands, tuple(signature), tuple(identity)
+
+    def __len__(self):
+        return len(self.nodes)
+
+
+def _take_output(access_node, source):
+    """Evaluate an access node whose multi-output op is evaluated already."""
+    index = access_node.attrs[0]
+    if source.result is None and source.batch is not None:
+        access_node.batch = source.batch[index]
+        access_node.batch_row = source.batch_row
+    else:
+        access_node.result = source.value()[index]
+
+
+def _value_key(value):
+    """A hashable key for a Python list or NumPy array operand's value."""
+    array = np.asarray(value)
+    return (array.dtype.str, array.shape, array.tobytes())
+
+
+def _is_shared(operand):
+    return type(operand) in _PYTHON_NUMBERS or isinstance(operand, _SHARED_TYPES)
+
+
+class NodeOperand:
+    """An operand that is a recorded node: in this graph (``index`` >= 0) or
+    evaluated earlier (``index`` == -1); ``pick`` selects one output of a
+    multi-output node."""
+
+    __slots__ = ("index", "pick", "node")
+
+    def __init__(self, index, pick, node):
+        self.index = index
+        self.pick = pick
+        self.node = node

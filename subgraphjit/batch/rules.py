@@ -1,0 +1,224 @@
+"""Batch rules: run one op for a whole group of instances at once.
+
+A rule receives, per operand, either the instances stacked along a new
+leading axis (a per-instance operand, shape ``(n, *instance_shape)``) or the
+one value every instance shares (a tf.Variable, a tensor, a Python number),
+and returns the result for all instances stacked the same way (a list of
+them for multi-output ops).  The batched op is the instance op with its
+attributes moved one axis right, so ``batched[i]`` equals the op on instance
+i -- the property the differential tests check for every row.
+
+A group whose op has no rule, or whose operands a rule cannot take, raises
+``NoRule`` with the reason; the executor then runs it per instance and counts
+it in the statistics.
+"""
+
+import tensorflow as tf
+
+from ..patch.record import FrozenSlice
+
+
+class NoRule(Exception):
+    """This group cannot run as one batched op (the message says why)."""
+
+
+def _shift_axis(axis, rank):
+    """An instance axis as an axis of the stacked tensor."""
+    if axis is None:
+        return None
+    if isinstance(axis, (tuple, list)):
+        return type(axis)(_shift_axis(a, rank) for a in axis)
+    axis = int(axis)
+    if not -rank <= axis < rank:
+        raise NoRule(f"axis {axis} out of range for rank {rank}")
+    return axis + 1 if axis >= 0 else axis
+
+
+def _aligned(values, shared, instance_ranks, output_rank, count):
+    """Stacked operands of lower rank get size-1 axes after the batch axis, so
+    they broadcast against the others as each instance did."""
+    aligned = []
+    for value, is_shared, rank in zip(values, shared, instance_ranks):
+        if is_shared:
+            if rank > output_rank:
+                raise NoRule("a shared operand outranks the result")
+            aligned.append(value)
+        elif rank < output_rank:
+            shape = tf.concat([[count], [1] * (output_rank - rank),
+                               tf.shape(value)[1:]], 0)
+            aligned.append(tf.reshape(value, shape))
+        else:
+            aligned.append(value)
+    return aligned
+
+
+def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
+    """Elementwise and broadcasting ops, matmul, losses: the op broadcasts
+    over the batch axis by itself once ranks are aligned."""
+    output_rank = len(output_spec.shape)
+    return row.call(_aligned(values, shared, ranks, output_rank, count), attrs)
+
+
+def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
+    # Matrix products broadcast over leading (batch) axes: a stacked operand
+    # times a shared weight is one batched product.
+    return broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count)
+
+
+def _with(attrs, row, **changes):
+    names = row.attr_params
+    return tuple(changes.get(name, value) for name, value in zip(names, attrs))
+
+
+def _reduction(attrs, rank, output_spec, count, row):
+    axis = dict(zip(row.attr_params, attrs)).get("axis")
+    if axis is None:
+        if row.name in ("math.argmax", "math.argmin"):
+            axis = 0
+        elif row.name in ("nn.softmax", "nn.log_softmax"):
+            axis = -1
+        else:
+            return _with(attrs, row, axis=tuple(range(1, rank + 1)))
+    return _with(attrs, row, axis=_shift_axis(axis, rank))
+
+
+def _list_axis(attrs, rank, output_spec, count, row):
+    axis = dict(zip(row.attr_params, attrs)).get("axis")
+    if axis is None:
+        return attrs
+    if row.name == "stack":
+        rank += 1  # stack may name the new axis
+    return _with(attrs, row, axis=_shift_axis(axis, rank))
+
+
+def _reshape(attrs, rank, output_spec, count, row):
+    return _with(attrs, row, shape=(count,) + tuple(output_spec.shape))
+
+
+def _transpose(attrs, rank, output_spec, count, row):
+    perm = dict(zip(row.attr_params, attrs))["perm"]
+    if perm is None:
+        perm = tuple(range(rank - 1, -1, -1))
+    return _with(attrs, row, perm=(0,) + tuple(int(p) % rank + 1 for p in perm))
+
+
+def _squeeze(attrs, rank, output_spec, count, row):
+    axis = dict(zip(row.attr_params, attrs))["axis"]
+    if axis is None or axis == ():
+        raise NoRule("squeeze without an axis depends on the batch size")
+    return _with(attrs, row, axis=_shift_axis(axis, rank))
+
+
+def _expand_dims(attrs, rank, output_spec, count, row):
+    axis = int(dict(zip(row.attr_params, attrs))["axis"])
+    return _with(attrs, row, axis=axis + 1 if axis >= 0 else axis)
+
+
+def _tile(attrs, rank, output_spec, count, row):
+    multiples = dict(zip(row.attr_params, attrs))["multiples"]
+    return _with(attrs, row, multiples=(1,) + tuple(multiples))
+
+
+def _one_hot(attrs, rank, output_spec, count, row):
+    axis = dict(zip(row.attr_params, attrs)).get("axis")
+    if axis is None or axis == -1:
+        return attrs
+    return _with(attrs, row, axis=_shift_axis(axis, rank + 1))
+
+
+def _getitem(attrs, rank, output_spec, count, row):
+    slice_spec = attrs[0]
+    if not isinstance(slice_spec, tuple) or isinstance(slice_spec, FrozenSlice):
+        slice_spec = (slice_spec,)
+    return ((FrozenSlice((None, None, None)),) + slice_spec,)
+
+
+def gather_rule(row, attrs, values, shared, ranks, output_spec, count):
+    options = dict(zip(row.attr_params, attrs))
+    axis = options.get("axis") or 0
+    batch_dims = options.get("batch_dims") or 0
+    params_shared, indices_shared = shared[0], shared[1]
+    if row.name == "nn.embedding_lookup":
+        if not params_shared or options.get("max_norm") is not None:
+            raise NoRule("embedding lookup into per-instance tables")
+        return row.call(values, attrs)  # one lookup of all instances' ids
+    if params_shared:
+        if axis != 0 or batch_dims != 0:
+            raise NoRule("gather from a shared table along a later axis")
+        return row.call(values, attrs)
+    if axis < 0:
+        axis += ranks[0]
+    if indices_shared:
+        if batch_dims:
+            raise NoRule("gather with batch_dims and shared indices")
+        return row.call(values, _with(attrs, row, axis=axis + 1))
+    return row.call(values, _with(attrs, row, axis=axis + 1,
+                                  batch_dims=batch_dims + 1))
+
+
+def _split(attrs, rank, output_spec, count, row):
+    axis = dict(zip(row.attr_params, attrs))["axis"]
+    return _with(attrs, row, axis=_shift_axis(axis, rank))
+
+
+def _bound(transform):
+    """Attribute transforms get their row too (they look up parameters)."""
+    def rule(row, attrs, values, shared, ranks, output_spec, count):
+        if any(shared):
+            raise NoRule("an operand of a layout op is shared")
+        return row.call(values, transform(attrs, ranks[0], output_spec, count, row))
+    return rule
+
+
+def no_shared_rule(row, attrs, values, shared, ranks, output_spec, count):
+    """Ops that need equal operand shapes (add_n, the losses)."""
+    if any(shared):
+        raise NoRule(f"{row.name} with a shared operand")
+    return row.call(values, attrs)
+
+
+def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
+    if not shared[1] or dict(zip(row.attr_params, attrs)).get("data_format"):
+        raise NoRule("bias_add with a per-instance bias or a data format")
+    return row.call(values, attrs)
+
+
+_FAMILY_RULES = {
+    "elementwise": broadcasting_rule,
+    "broadcasting": broadcasting_rule,
+    "loss": no_shared_rule,
+    "matmul": matmul_rule,
+}
+
+_ROW_RULES = {
+    "tensordot": None,  # axes pair up instance axes in ways not worth a rule
+    "nn.bias_add": bias_add_rule,
+    "nn.softmax_cross_entropy_with_logits": _bound(  # no shared operands
+        lambda attrs, rank, spec, count, row: _with(
+            attrs, row, axis=_shift_axis(dict(zip(row.attr_params, attrs))["axis"], rank))),
+    "reshape": _bound(_reshape),
+    "transpose": _bound(_transpose),
+    "expand_dims": _bound(_expand_dims),
+    "squeeze": _bound(_squeeze),
+    "tile": _bound(_tile),
+    "reverse": _bound(lambda attrs, rank, spec, count, row: _with(
+        attrs, row, axis=_shift_axis(tuple(dict(zip(row.attr_params, attrs))["axis"]), rank))),
+    "concat": _bound(_list_axis),
+    "stack": _bound(_list_axis),
+    "math.add_n": no_shared_rule,
+    "split": _bound(_split),
+    "unstack": _bound(_split),
+    "gather": gather_rule,
+    "nn.embedding_lookup": gather_rule,
+    "one_hot": _bound(_one_hot),
+    "operator.getitem": _bound(_getitem),
+}
+
+
+def rule_for(row):
+    """The batch rule of an op-table row, or None if it has none."""
+    if row.name in _ROW_RULES:
+        return _ROW_RULES[row.name]
+    if row.family == "reduction":
+        return _bound(_reduction)
+    return _FAMILY_RULES.get(row.family)

@@ -1,0 +1,24 @@
+"""Schedulers decide which batch runs next; each lives in its own file.
+
+The interface is three calls: ``init(graph)`` with a BatchGraph,
+``next_batch()`` returning the graph indices of the next batch (nodes of one
+type whose operands are all computed) or None when done, and
+``post_process(batch)`` after the batch ran.  Every scheduler must give the
+same results; they differ only in how many batches they need.
+"""
+
+from .agenda import AgendaScheduler
+from .depth import DepthScheduler
+
+SCHEDULERS = {scheduler.name: scheduler
+              for scheduler in (DepthScheduler, AgendaScheduler)}
+
+
+def depths(graph):
+    """Topological depth of every node: 1 + the deepest operand in the graph
+    (nodes that are not scheduled add nothing)."""
+    depth = [0] * len(graph)
+    for index, sources in enumerate(graph.sources):
+        deepest = max((depth[source] for source in sources), default=0)
+        depth[index] = deepest + (graph.type_of[index] >= 0)
+    return depth

@@ -1,0 +1,48 @@
+"""Agenda-based batching (DyNet): of the types ready to run, run the one
+whose remaining nodes have the lowest average depth."""
+
+
+class AgendaScheduler:
+    name = "agenda"
+
+    def init(self, graph):
+        from . import depths
+        self._type_of = graph.type_of
+        depth = self._depth_of_index = depths(graph)
+        type_count = len(graph.signatures)
+        self._remaining = [0] * type_count
+        self._depth_sum = [0] * type_count
+        self._waiting_for = {}
+        self._consumers = {}
+        self._ready = {}
+        for index, node_type in enumerate(graph.type_of):
+            if node_type < 0:
+                continue
+            self._remaining[node_type] += 1
+            self._depth_sum[node_type] += depth[index]
+            needed = graph.sources[index]
+            if needed:
+                self._waiting_for[index] = len(needed)
+                for source in needed:
+                    self._consumers.setdefault(source, []).append(index)
+            else:
+                self._ready.setdefault(node_type, []).append(index)
+
+    def next_batch(self):
+        if not self._ready:
+            return None
+        chosen = min(self._ready, key=lambda node_type:
+                     self._depth_sum[node_type] / self._remaining[node_type])
+        return self._ready.pop(chosen)
+
+    def post_process(self, batch):
+        depth = self._depth_of_index
+        for index in batch:
+            node_type = self._type_of[index]
+            self._remaining[node_type] -= 1
+            self._depth_sum[node_type] -= depth[index]
+            for consumer in self._consumers.pop(index, ()):
+                self._waiting_for[consumer] -= 1
+                if self._waiting_for[consumer] == 0:
+                    del self._waiting_for[consumer]
+                    self._ready.setdefault(self._type_of[consumer], []).append(consumer)
