@@ -8,6 +8,7 @@ block, or whenever a value is needed (``.numpy()``, ``float()``, printing,
 an op outside the table).
 """
 
+import gc as _gc
 import sys as _sys
 
 import tensorflow as _tf
@@ -22,6 +23,12 @@ __version__ = "0.1.0"
 
 _namespace.install(_sys.modules[__name__],
                    {_tf.shape: _api.shape, _tf.nn.dropout: _api.dropout})
+
+
+# TensorFlow's modules are hundreds of thousands of long-lived objects; moving
+# them out of the cyclic collector's sight keeps its sweeps, which recording
+# many small nodes triggers often, proportional to our objects, not TF's.
+_gc.freeze()
 
 
 def __getattr__(name):

@@ -19,6 +19,19 @@ from .rules import NoRule, rule_for
 _NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
 
+@tf.custom_gradient
+def gather_rows(table, rows):
+    """tf.gather of rows whose gradient is a dense tensor.
+
+    tf.gather's own gradient is an IndexedSlices, which TensorFlow turns
+    dense only after dozens of small ops when it meets a concat or another
+    gradient of the same tensor; one segment sum does it at once.
+    """
+    def gradient(upstream):
+        return tf.math.unsorted_segment_sum(upstream, rows, table.shape[0]), None
+    return tf.gather(table, rows), gradient
+
+
 class Executor:
     def __init__(self, graph, statistics):
         self.graph = graph
@@ -91,7 +104,7 @@ class Executor:
         self.statistics["gathers"] += 1
         self.statistics["bytes_gathered"] += (
             count * int(np.prod(table.shape[1:])) * table.dtype.size)
-        return tf.gather(table, rows)
+        return gather_rows(table, tf.constant(rows, tf.int32))
 
     # -- running batches -----------------------------------------------------
     def run(self, indices):

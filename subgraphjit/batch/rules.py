@@ -60,8 +60,18 @@ def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 
 def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
-    # Matrix products broadcast over leading (batch) axes: a stacked operand
-    # times a shared weight is one batched product.
+    """Stacked rows times a shared weight matrix: one plain matrix product of
+    all instances' rows (a broadcast batched product would be far slower, and
+    its gradient would materialise one weight-sized product per instance)."""
+    options = dict(zip(row.attr_params, attrs))
+    flags = any(options.get(flag) for flag in (
+        "transpose_a", "adjoint_a", "a_is_sparse", "b_is_sparse"))
+    if (not flags and tuple(shared) == (False, True) and list(ranks) == [2, 2]
+            and output_spec.dtype is not None):
+        rows, inner = values[0].shape[1], values[0].shape[2]
+        product = row.call([tf.reshape(values[0], (-1, inner)), values[1]], attrs)
+        return tf.reshape(product, (count, rows, product.shape[-1]))
+    # Two stacked operands (MV-RNN) or higher ranks: a batched product.
     return broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count)
 
 
