@@ -40,7 +40,7 @@ class BatchGraph:
     def __init__(self, nodes):
         self.nodes = nodes
         # Filled as we go: operands always come before their consumers.
-        position = {}
+        index_of = {}
         self.signatures = []
         signature_types = {}
         work_seen = {}
@@ -51,17 +51,17 @@ class BatchGraph:
         for index, node in enumerate(nodes):
             if node.row is ACCESS:
                 source = node.inputs[0]
-                source_index = position.get(source.id, -1)
+                source_index = index_of.get(source.id, -1)
                 if source_index < 0:  # its op ran in an earlier evaluation
                     _take_output(node, source)
                 else:
-                    position[node.id] = index
+                    index_of[node.id] = index
                 self.operands.append([NodeOperand(source_index, None, source)])
                 self.type_of.append(-1)
                 self.duplicate_of.append(index)
                 continue
-            position[node.id] = index
-            operands, signature, identity = self._describe(node, position)
+            index_of[node.id] = index
+            operands, signature, identity = self._describe(node, index_of)
             self.operands.append(operands)
             identity_key = (signature, identity)
             earlier = work_seen.get(identity_key)
@@ -76,7 +76,8 @@ class BatchGraph:
                 self.signatures.append(signature)
                 self.shared_operand.append(tuple(
                     not isinstance(operand, NodeOperand)
-                    and _is_shared(operand) for operand in operands))
+                    and _is_shared(operand, position in node.row.index_positions)
+                    for position, operand in enumerate(operands)))
             self.type_of.append(node_type)
             self.duplicate_of.append(index)
         # In-graph operand nodes of each node (canonical indices), for the
@@ -86,20 +87,21 @@ class BatchGraph:
                    if isinstance(operand, NodeOperand) and operand.index >= 0})
             for operands in self.operands]
 
-    def _describe(self, node, position):
+    def _describe(self, node, index_of):
         """Operands, batching signature, and identity of the node's work."""
         operands = []
         signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
         identity = []
-        for operand in node.inputs:
+        index_positions = node.row.index_positions
+        for position, operand in enumerate(node.inputs):
             if type(operand) is VirtualNode:
-                operand_index = position.get(operand.id, -1)
+                operand_index = index_of.get(operand.id, -1)
                 pick = None
                 if operand.row is ACCESS and operand_index >= 0:
                     # Read the picked output of the multi-output node directly.
                     pick = operand.attrs[0]
                     operand = operand.inputs[0]
-                    operand_index = position[operand.id]
+                    operand_index = index_of[operand.id]
                 if operand_index >= 0:
                     operand_index = self.duplicate_of[operand_index]
                 operands.append(NodeOperand(operand_index, pick, operand))
@@ -107,7 +109,8 @@ class BatchGraph:
                                  else operand.spec[pick])
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
-            elif type(operand) in _PYTHON_NUMBERS:
+            elif type(operand) in _PYTHON_NUMBERS and position not in index_positions:
+                # A constant such as the 0.5 in ``x * 0.5``: shared by value.
                 operands.append(operand)
                 signature.append((type(operand), operand))
                 identity.append(None)
@@ -115,7 +118,7 @@ class BatchGraph:
                 operands.append(operand)
                 signature.append(("shared", id(operand)))
                 identity.append(None)
-            else:  # lists and arrays: per instance, stacked
+            else:  # lists, arrays and indices: per instance, stacked
                 operands.append(operand)
                 signature.append(spec_of_foreign(operand))
                 identity.append(_value_key(operand))
@@ -141,8 +144,10 @@ def _value_key(value):
     return (array.dtype.str, array.shape, array.tobytes())
 
 
-def _is_shared(operand):
-    return type(operand) in _PYTHON_NUMBERS or isinstance(operand, _SHARED_TYPES)
+def _is_shared(operand, is_index):
+    if type(operand) in _PYTHON_NUMBERS:
+        return not is_index
+    return isinstance(operand, _SHARED_TYPES)
 
 
 class NodeOperand:

@@ -16,12 +16,15 @@ import inspect
 import linecache
 import sys
 
+import tensorflow as tf
+
 from ..context import context, new_node_id
 from . import spec as specs
 from .node import VirtualNode
 from .spec import NotLazy, spec_of_foreign
 
 _getframe = sys._getframe
+_TENSOR_TYPES = (VirtualNode, tf.Tensor, tf.Variable)
 
 
 class OpRow:
@@ -93,10 +96,14 @@ def _access(node, index, site):
 
 
 def _infer(row, inputs, attrs, key, site):
-    """Run the real op once on stand-ins to learn its output spec (cached)."""
+    """Run the real op once to learn its output spec (cached): on stand-ins
+    for tensors (a node has no value yet; reading a variable here would be
+    seen by the user's tape), on the values themselves for Python and NumPy
+    operands, which TensorFlow converts by their value."""
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
-        for position in range(len(inputs))]
+        if isinstance(operand, _TENSOR_TYPES) else operand
+        for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     try:
         result = row.call(stand_ins, attrs)

@@ -1,0 +1,234 @@
+"""Small dynamic models written as plain eager TensorFlow against a module
+``tf`` (``tensorflow`` or ``subgraphjit``): the differential tests run each
+one both ways and compare losses and gradients.
+
+Each model is a class with ``variables`` and ``loss(tf, example)``; each has
+a ``random_examples(rng, count)`` making inputs of varying structure.
+"""
+
+import numpy as np
+import tensorflow
+
+
+def _weight(rng, *shape, scale=0.3):
+    return tensorflow.Variable(
+        (rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def random_tree(rng, leaves, vocabulary):
+    if leaves == 1:
+        return int(rng.integers(vocabulary))
+    left = int(rng.integers(1, leaves))
+    return (random_tree(rng, left, vocabulary),
+            random_tree(rng, leaves - left, vocabulary))
+
+
+class TreeModel:
+    vocabulary, classes = 30, 3
+
+    def random_examples(self, rng, count):
+        return [(random_tree(rng, int(rng.integers(1, 12)), self.vocabulary),
+                 int(rng.integers(self.classes))) for _ in range(count)]
+
+    def loss(self, tf, example):
+        tree, label = example
+        hidden = self.encode(tf, tree)[0]
+        logits = tf.matmul(hidden, self.output)
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=[label], logits=logits))
+
+
+class TreeLSTM(TreeModel):
+    def __init__(self, rng, embed=6, hidden=5):
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.leaf = _weight(rng, embed, 3 * hidden)
+        self.internal = _weight(rng, 2 * hidden, 5 * hidden)
+        self.bias = _weight(rng, 1, 5 * hidden)
+        self.output = _weight(rng, hidden, self.classes)
+        self.variables = [self.embedding, self.leaf, self.internal, self.bias,
+                          self.output]
+
+    def encode(self, tf, tree):
+        if isinstance(tree, int):
+            x = tf.nn.embedding_lookup(self.embedding, [tree])
+            i, o, u = tf.split(tf.matmul(x, self.leaf), 3, axis=1)
+            c = tf.sigmoid(i) * tf.tanh(u)
+            return tf.sigmoid(o) * tf.tanh(c), c
+        (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
+        z = tf.matmul(tf.concat([hl, hr], axis=1), self.internal) + self.bias
+        i, fl, fr, o, u = tf.split(z, 5, axis=1)
+        c = (tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl
+             + tf.sigmoid(fr) * cr)
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+
+class TreeGRU(TreeModel):
+    def __init__(self, rng, embed=6, hidden=5):
+        self.hidden = hidden
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.leaf = _weight(rng, embed, hidden)
+        self.gates = _weight(rng, 2 * hidden, 3 * hidden)
+        self.candidate = _weight(rng, 2 * hidden, hidden)
+        self.output = _weight(rng, hidden, self.classes)
+        self.variables = [self.embedding, self.leaf, self.gates,
+                          self.candidate, self.output]
+
+    def encode(self, tf, tree):
+        if isinstance(tree, int):
+            x = tf.gather(self.embedding, [tree])
+            return (tf.tanh(tf.matmul(x, self.leaf)),)
+        left, right = self.encode(tf, tree[0])[0], self.encode(tf, tree[1])[0]
+        children = tf.concat([left, right], 1)
+        reset_left, reset_right, update = tf.split(
+            tf.sigmoid(tf.matmul(children, self.gates)), 3, axis=1)
+        reset = tf.concat([reset_left * left, reset_right * right], 1)
+        candidate = tf.tanh(tf.matmul(reset, self.candidate))
+        return (update * (left + right) / 2 + (1.0 - update) * candidate,)
+
+
+class MVRNN(TreeModel):
+    """Matrix-vector RNN: every node has a vector and a matrix, and a parent
+    multiplies each child's vector by the other child's matrix -- a product
+    of two activations, the case operator batching of weights cannot cover."""
+
+    def __init__(self, rng, size=4):
+        self.size = size
+        self.vectors = _weight(rng, self.vocabulary, size)
+        self.matrices = _weight(rng, self.vocabulary, size * size, scale=0.2)
+        self.combine = _weight(rng, 2 * size, size)
+        self.combine_matrices = _weight(rng, size, 2 * size, scale=0.2)
+        self.output = _weight(rng, size, self.classes)
+        self.variables = [self.vectors, self.matrices, self.combine,
+                          self.combine_matrices, self.output]
+
+    def encode(self, tf, tree):
+        if isinstance(tree, int):
+            vector = tf.reshape(tf.gather(self.vectors, tree), (1, self.size))
+            matrix = tf.reshape(tf.gather(self.matrices, tree),
+                                (self.size, self.size)) + tf.eye(self.size)
+            return vector, matrix
+        (a, A), (b, B) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
+        vector = tf.tanh(tf.matmul(
+            tf.concat([tf.matmul(a, B), tf.matmul(b, A)], 1), self.combine))
+        matrix = tf.matmul(self.combine_matrices, tf.concat([A, B], 0))
+        return vector, matrix
+
+
+class SequenceModel:
+    vocabulary, classes = 20, 4
+
+    def random_examples(self, rng, count):
+        examples = []
+        for _ in range(count):
+            length = int(rng.integers(1, 9))
+            examples.append((rng.integers(self.vocabulary, size=length).tolist(),
+                             rng.integers(self.classes, size=length).tolist()))
+        return examples
+
+
+def lstm_cell(tf, x, h, c, weight, bias):
+    i, f, o, u = tf.split(tf.matmul(tf.concat([x, h], 1), weight) + bias, 4, 1)
+    c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(u)
+    return tf.sigmoid(o) * tf.tanh(c), c
+
+
+class BiLSTMTagger(SequenceModel):
+    def __init__(self, rng, embed=5, hidden=4):
+        self.hidden = hidden
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.forward = _weight(rng, embed + hidden, 4 * hidden)
+        self.backward = _weight(rng, embed + hidden, 4 * hidden)
+        self.bias = _weight(rng, 1, 4 * hidden)
+        self.output = _weight(rng, 2 * hidden, self.classes)
+        self.variables = [self.embedding, self.forward, self.backward,
+                          self.bias, self.output]
+
+    def run(self, tf, inputs, weight):
+        h = c = tf.zeros((1, self.hidden))
+        states = []
+        for x in inputs:
+            h, c = lstm_cell(tf, x, h, c, weight, self.bias)
+            states.append(h)
+        return states
+
+    def loss(self, tf, example):
+        words, tags = example
+        inputs = [tf.nn.embedding_lookup(self.embedding, [w]) for w in words]
+        forward = self.run(tf, inputs, self.forward)
+        backward = self.run(tf, inputs[::-1], self.backward)[::-1]
+        losses = []
+        for f, b, tag in zip(forward, backward, tags):
+            logits = tf.matmul(tf.concat([f, b], 1), self.output)
+            losses.append(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=[tag], logits=logits))
+        return tf.reduce_sum(tf.add_n(losses))
+
+
+class LatticeLSTM(SequenceModel):
+    """A character LSTM chain with word cells jumping over spans, as in the
+    lattice LSTM for Chinese NER: a word cell reads the character state
+    where the word starts and gates its memory into the character cell where
+    the word ends."""
+
+    def __init__(self, rng, embed=5, hidden=4):
+        self.hidden = hidden
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.char = _weight(rng, embed + hidden, 4 * hidden)
+        self.word = _weight(rng, embed + hidden, 3 * hidden)
+        self.merge = _weight(rng, embed + hidden, hidden)
+        self.bias = _weight(rng, 1, 4 * hidden)
+        self.output = _weight(rng, hidden, self.classes)
+        self.variables = [self.embedding, self.char, self.word, self.merge,
+                          self.bias, self.output]
+
+    def loss(self, tf, example):
+        chars, tags = example
+        h = c = tf.zeros((1, self.hidden))
+        hs, cs, losses = [], [], []
+        for position, char in enumerate(chars):
+            x = tf.nn.embedding_lookup(self.embedding, [char])
+            h, c = lstm_cell(tf, x, h, c, self.char, self.bias)
+            # Words of two and three characters ending here, seen as lattice.
+            for length in (2, 3):
+                start = position - length + 1
+                if start >= 0 and (chars[start] + char) % 3 == 0:
+                    word_input = tf.concat([x, hs[start]], 1)
+                    i, f, u = tf.split(tf.matmul(word_input, self.word), 3, 1)
+                    word_memory = tf.sigmoid(f) * cs[start] + tf.sigmoid(i) * tf.tanh(u)
+                    gate = tf.sigmoid(tf.matmul(tf.concat([x, word_memory], 1),
+                                                self.merge))
+                    c = gate * word_memory + (1.0 - gate) * c
+            hs.append(h)
+            cs.append(c)
+            logits = tf.matmul(h, self.output)
+            losses.append(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=[tags[position]], logits=logits))
+        return tf.reduce_sum(tf.add_n(losses))
+
+
+class Attention(SequenceModel):
+    """Self-attention over a variable-length sequence, one query per word."""
+
+    def __init__(self, rng, size=6):
+        self.embedding = _weight(rng, self.vocabulary, size)
+        self.query = _weight(rng, size, size)
+        self.key = _weight(rng, size, size)
+        self.value = _weight(rng, size, size)
+        self.output = _weight(rng, size, self.classes)
+        self.variables = [self.embedding, self.query, self.key, self.value,
+                          self.output]
+
+    def loss(self, tf, example):
+        words, tags = example
+        x = tf.nn.embedding_lookup(self.embedding, words)        # (length, size)
+        scores = tf.matmul(tf.matmul(x, self.query), tf.matmul(x, self.key),
+                           transpose_b=True) / np.sqrt(6.0)
+        context = tf.matmul(tf.nn.softmax(scores, axis=-1), tf.matmul(x, self.value))
+        logits = tf.matmul(tf.tanh(context), self.output)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tags, logits=logits))
+
+
+MODELS = {"tree_lstm": TreeLSTM, "tree_gru": TreeGRU, "mv_rnn": MVRNN,
+          "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
+          "attention": Attention}

@@ -1,0 +1,114 @@
+"""Batched evaluation equals eager TensorFlow for every example model and
+every scheduler: losses and gradients, over minibatches of varied structure."""
+
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as tf
+from subgraphjit.batch.schedulers import SCHEDULERS
+from example_models import MODELS
+
+SCHEDULER_NAMES = ["none", *SCHEDULERS]
+
+
+@pytest.fixture(params=SCHEDULER_NAMES)
+def scheduler(request):
+    previous = tf.get_parameter("scheduler")
+    tf.set_parameter("scheduler", request.param)
+    yield request.param
+    tf.set_parameter("scheduler", previous)
+
+
+def minibatch_loss_and_gradients(module, model, examples):
+    with module.GradientTape() as tape:
+        loss = module.add_n([model.loss(module, e) for e in examples]) / len(examples)
+        if hasattr(module, "build"):
+            loss = module.build(loss)
+    return loss, tape.gradient(loss, model.variables)
+
+
+def dense(gradient):
+    return tensorflow.convert_to_tensor(gradient).numpy()
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_batched_minibatch_equals_eager(model_name, scheduler):
+    rng = np.random.default_rng(sum(map(ord, model_name)))
+    model = MODELS[model_name](rng)
+    examples = model.random_examples(rng, 6)
+    expected_loss, expected_gradients = minibatch_loss_and_gradients(
+        tensorflow, model, examples)
+    tf.reset_stats()
+    loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    for got, expected in zip(gradients, expected_gradients):
+        np.testing.assert_allclose(dense(got), dense(expected),
+                                   rtol=1e-4, atol=1e-6)
+    stats = tf.stats()
+    if scheduler != "none":
+        # Batching really happened: fewer launches than nodes (far fewer but
+        # for attention, whose sequences of unequal length rarely share shapes).
+        share = 1.0 if model_name == "attention" else 0.5
+        assert stats["batches"] < stats["nodes_evaluated"] * share, stats
+        assert not stats["unbatched"], stats["unbatched"]
+
+
+def test_schedulers_report_batches_and_the_lower_bound():
+    rng = np.random.default_rng(3)
+    model = MODELS["tree_lstm"](rng)
+    examples = model.random_examples(rng, 8)
+    tf.set_parameter("lower_bound", True)
+    try:
+        counts = {}
+        for name in SCHEDULERS:
+            tf.set_parameter("scheduler", name)
+            tf.reset_stats()
+            tf.build([model.loss(tf, e) for e in examples])
+            stats = tf.stats()
+            counts[name] = stats["batches"]
+            assert 0 < stats["lower_bound"] <= stats["batches"]
+            assert sum(stats["batch_sizes"].values()) == stats["batches"]
+    finally:
+        tf.set_parameter("lower_bound", False)
+        tf.set_parameter("scheduler", "agenda")
+    assert all(count > 0 for count in counts.values())
+
+
+def test_identical_work_is_done_once():
+    table = tensorflow.Variable(np.eye(4, dtype=np.float32))
+    tf.reset_stats()
+    # The same word looked up in three "sentences": one lookup.
+    nodes = [tf.tanh(tf.nn.embedding_lookup(table, [2])) for _ in range(3)]
+    values = tf.build(nodes)
+    assert tf.stats()["duplicates_skipped"] == 4  # 2 lookups + 2 tanh
+    for value in values:
+        np.testing.assert_allclose(value.numpy(), np.tanh(np.eye(4)[[2]]))
+
+
+def test_in_order_rows_are_sliced_and_others_gathered():
+    x = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+    tf.reset_stats()
+    rows = [tf.gather(x, [i]) * 2.0 for i in range(6)]
+    # Pairing row i with row 5 - i: no order of the batch suits both operands.
+    mirrored = [tf.exp((rows[i] - rows[5 - i]) * 0.1) for i in range(6)]
+    in_order = [tf.sigmoid(rows[i]) for i in range(6)]
+    results = tf.build(mirrored + in_order)
+    stats = tf.stats()
+    assert stats["gathers"] >= 1 and stats["bytes_gathered"] > 0
+    for value, i in zip(results[:6], range(6)):
+        np.testing.assert_allclose(
+            value.numpy(), np.exp((x.numpy()[[i]] - x.numpy()[[5 - i]]) * 0.2),
+            rtol=1e-6)
+    for value, i in zip(results[6:], range(6)):
+        np.testing.assert_allclose(
+            value.numpy(), 1 / (1 + np.exp(-2 * x.numpy()[[i]])), rtol=1e-6)
+
+
+def test_ops_without_a_rule_run_per_instance_and_are_counted():
+    a = [tensorflow.constant(np.random.rand(2, 3).astype(np.float32)) for _ in range(3)]
+    tf.reset_stats()
+    nodes = [tf.tensordot(tf.identity(x), tf.identity(x), axes=[[1], [1]]) for x in a]
+    for node, x in zip(tf.build(nodes), a):
+        np.testing.assert_allclose(node.numpy(), x.numpy() @ x.numpy().T, rtol=1e-6)
+    assert tf.stats()["unbatched"] == {"tensordot: no batch rule": 3}
