@@ -131,11 +131,17 @@ def test_multi_output_ops_return_lists_and_access():
 
 def test_errors_at_evaluation_name_the_users_line():
     table = random_constant(3, 2)
-    lookup = tf.gather(table, [7])  # in range for the shape check's stand-ins
+    indices = tf.identity([7])  # a node: its value is unknown when recorded
+    lookup = tf.gather(table, indices)
     line = sys._getframe().f_lineno - 1
     with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
         tf.build(lookup)
     assert any(f"{__file__}:{line}" in note for note in raised.value.__notes__)
+
+
+def test_bad_concrete_indices_raise_when_recorded():
+    with pytest.raises(tensorflow.errors.InvalidArgumentError):
+        tf.gather(random_constant(3, 2), [7])
 
 
 def test_shape_errors_raise_tensorflows_class_at_the_users_line():
