@@ -66,16 +66,29 @@ class Executor:
 
     def _stacked(self, position, indices, operand_spec):
         """The operand at ``position`` of every node, stacked on axis 0."""
-        operands = [self.graph.operands[i][position] for i in indices]
+        all_operands = self.graph.operands
+        operands = [all_operands[i][position] for i in indices]
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
             kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
             return np.array(operands, dtype=kind)
-        locations = [self._location(operand) for operand in operands]
+        # The common case first, without a call per operand: rows of results
+        # batched in this evaluation.
+        batch_of, row_of = self.batch_of, self.row_of
+        locations = []
+        for operand in operands:
+            source = batch_of[operand.index] if operand.index >= 0 else None
+            if source is None:
+                locations.append(self._location(operand))
+            elif operand.pick is None:
+                locations.append((source, row_of[operand.index]))
+            else:
+                locations.append((source[operand.pick], row_of[operand.index]))
         first_source, first_row = locations[0]
         count = len(locations)
         if first_row is not None and all(
-                source is first_source and row == first_row + offset
-                for offset, (source, row) in enumerate(locations)):
+                source is first_source for source, _ in locations) and [
+                row for _, row in locations] == list(
+                range(first_row, first_row + count)):
             if first_row == 0 and count == first_source.shape[0]:
                 return first_source
             self.statistics["slices"] += 1
