@@ -171,6 +171,9 @@ class Context:
             "evaluate_seconds": self.evaluate_seconds,
             **{key: dict(value) if isinstance(value, collections.Counter) else value
                for key, value in self.batching.items()},
+            # None unless the (costly) bound is asked for.
+            "lower_bound": (self.batching["lower_bound"]
+                            if self.parameters["lower_bound"] else None),
             # Wall time outside evaluation: the user's model code and its
             # recording, the thesis's "DAG construction" (timing each op
             # would cost a quarter of the recording budget).

@@ -15,6 +15,7 @@ TensorFlow.  A wrapper does one of three things:
 import inspect
 import linecache
 import sys
+import time
 
 import tensorflow as tf
 
@@ -105,10 +106,13 @@ def _infer(row, inputs, attrs, key, site):
         if isinstance(operand, _TENSOR_TYPES) else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
+    started = time.perf_counter()
     try:
         result = row.call(stand_ins, attrs)
     except Exception as error:
         raise annotate(error, row, site) from None
+    finally:
+        context.inference_seconds += time.perf_counter() - started
     output_spec = specs.spec_of_result(result)
     row.cache[key] = output_spec
     return output_spec

@@ -1,0 +1,189 @@
+"""Train the Tree-LSTM on SST with plain eager TensorFlow and with subgraphjit.
+
+Both backends start from the same weights and see the same minibatches, so
+their losses must agree; the script prints a per-minibatch time breakdown in
+the style of the thesis's Table 6.4 (DAG construction, execution, backward,
+update), the speedup of subgraphjit over eager TensorFlow, the largest loss
+difference between the two, and dev accuracy.
+
+    python experiments/treelstm_sst.py                 # both backends
+    python experiments/treelstm_sst.py --backend subgraphjit --steps 100
+"""
+
+import argparse
+import importlib
+import pathlib
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from experiments import sst  # noqa: E402
+from experiments.treelstm import TreeLSTM  # noqa: E402
+
+COLUMNS = ("construction", "execution", "backward", "update")
+
+
+def parse_arguments(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("both", "tensorflow", "subgraphjit"),
+                        default="both")
+    parser.add_argument("--batch-size", type=int, default=20)
+    parser.add_argument("--train-limit", type=int, default=2000,
+                        help="use the first N training trees")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="minibatches to train (the first is warm-up, "
+                             "not timed)")
+    parser.add_argument("--embedding", type=int, default=300)
+    parser.add_argument("--hidden", type=int, default=150)
+    parser.add_argument("--fine-grained", action="store_true",
+                        help="five classes instead of binary sentiment")
+    parser.add_argument("--dev-limit", type=int, default=300,
+                        help="dev trees (a fixed random sample) for the "
+                             "accuracy; 0 skips it")
+    parser.add_argument("--scheduler", default="agenda",
+                        help="subgraphjit's scheduler (agenda, depth, none)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="TensorFlow intra- and inter-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def minibatches(trees, batch_size, steps, seed):
+    rng = np.random.default_rng(seed)
+    order = []
+    while len(order) < steps * batch_size:
+        order.extend(rng.permutation(len(trees)))
+    return [[trees[i] for i in order[k * batch_size:(k + 1) * batch_size]]
+            for k in range(steps)]
+
+
+def train(tf, arguments, batches, vocabulary, classes, name):
+    """Train one backend; returns per-step losses, timings and the model."""
+    model = TreeLSTM(tf, len(vocabulary), classes, arguments.embedding,
+                     arguments.hidden, seed=arguments.seed)
+    optimizer = tf.keras.optimizers.Adagrad(learning_rate=0.05)
+    losses, timings = [], []
+    lazy = hasattr(tf, "build")
+    for batch in tqdm(batches, desc=f"training ({name})", unit="batch",
+                      leave=False):
+        started = time.perf_counter()
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([model.loss(tree, vocabulary) for tree in batch]) / len(batch)
+            constructed = time.perf_counter()
+            if lazy:
+                loss = tf.build(loss)
+            executed = time.perf_counter()
+        gradients = tape.gradient(loss, model.variables)
+        differentiated = time.perf_counter()
+        optimizer.apply_gradients(zip(gradients, model.variables))
+        updated = time.perf_counter()
+        losses.append(float(loss))
+        if lazy:
+            timing = (constructed - started, executed - constructed)
+        else:  # eager: building the graph is running it
+            timing = (0.0, executed - started)
+        timings.append(timing + (differentiated - executed, updated - differentiated))
+    return model, np.array(losses), np.array(timings[1:])
+
+
+def accuracy(tf, model, trees, vocabulary, batch_size):
+    """Root accuracy, inference only, one minibatch at a time."""
+    correct = 0
+    for start in tqdm(range(0, len(trees), batch_size), desc="dev accuracy",
+                      unit="batch", leave=False):
+        batch = trees[start:start + batch_size]
+        logits = [model.logits(tree, vocabulary) for tree in batch]
+        if hasattr(tf, "build"):
+            logits = tf.build(logits)
+        correct += sum(int(np.argmax(np.asarray(value)) == tree.label)
+                       for value, tree in zip(logits, batch))
+    return correct / max(len(trees), 1)
+
+
+def print_table(rows, headers):
+    widths = [max(len(str(row[i])) for row in rows + [headers])
+              for i in range(len(headers))]
+    for row in [headers] + rows:
+        print("  ".join(str(cell).rjust(width) for cell, width in zip(row, widths)))
+
+
+def main(argv=None):
+    arguments = parse_arguments(argv)
+    import tensorflow
+    tensorflow.config.threading.set_intra_op_parallelism_threads(arguments.threads)
+    tensorflow.config.threading.set_inter_op_parallelism_threads(arguments.threads)
+
+    binary = not arguments.fine_grained
+    train_trees = sst.load_split("train", limit=arguments.train_limit, binary=binary)
+    # The dev file is ordered by sentiment: take a fixed random sample.
+    dev_trees = sst.load_split("dev", binary=binary)
+    sample = np.random.default_rng(arguments.seed).permutation(len(dev_trees))
+    dev_trees = [dev_trees[i] for i in sorted(sample[:arguments.dev_limit])]
+    vocabulary = sst.Vocabulary(train_trees)
+    classes = 2 if binary else 5
+    batches = minibatches(train_trees, arguments.batch_size, arguments.steps,
+                          arguments.seed)
+    print(f"SST {'binary' if binary else 'fine-grained'}: {len(train_trees)} "
+          f"training trees, vocabulary {len(vocabulary)}, batch "
+          f"{arguments.batch_size}, {arguments.steps} steps (first untimed), "
+          f"embedding {arguments.embedding}, hidden {arguments.hidden}, "
+          f"{arguments.threads} thread(s)")
+
+    names = (["tensorflow", "subgraphjit"] if arguments.backend == "both"
+             else [arguments.backend])
+    results = {}
+    for name in names:
+        tf = importlib.import_module(name)
+        if name == "subgraphjit":
+            tf.set_parameter("scheduler", arguments.scheduler)
+            tf.reset_stats()
+        model, losses, timings = train(tf, arguments, batches, vocabulary,
+                                       classes, name)
+        if name == "subgraphjit":
+            statistics = tf.stats()
+        dev = (accuracy(tf, model, dev_trees, vocabulary, arguments.batch_size)
+               if dev_trees else None)
+        results[name] = (losses, timings, dev)
+
+    print("\nTime per minibatch in ms (mean over timed steps), as thesis Table 6.4:")
+    rows = []
+    for name, (losses, timings, dev) in results.items():
+        mean = timings.mean(axis=0) * 1e3
+        total = mean.sum()
+        rows.append([name] + [f"{value:.1f}" for value in mean]
+                    + [f"{total:.1f}", f"{arguments.batch_size / total * 1e3:.1f}",
+                       f"{losses[-1]:.4f}", "-" if dev is None else f"{dev:.3f}"])
+    print_table(rows, ["backend", *COLUMNS, "total", "sentences/s",
+                       "last loss", "dev acc"])
+
+    if len(results) == 2:
+        eager, lazy = (results[name][1].mean(axis=0) for name in names)
+        print("\nSpeedup of subgraphjit over eager TensorFlow (eager / subgraphjit):")
+        forward_eager, forward_lazy = eager[:2].sum(), lazy[:2].sum()
+        print_table([[f"{forward_eager / forward_lazy:.2f}x",
+                      f"{eager[2] / lazy[2]:.2f}x",
+                      f"{eager.sum() / lazy.sum():.2f}x"]],
+                    ["forward (construction + execution)", "backward", "end to end"])
+        difference = np.max(np.abs(results[names[0]][0] - results[names[1]][0]))
+        print(f"\nLargest per-step loss difference between the backends: "
+              f"{difference:.2e}")
+    if "subgraphjit" in results:
+        print("\nsubgraphjit statistics over the run:")
+        sizes = statistics.pop("batch_sizes")
+        if sizes:
+            launches = sum(sizes.values())
+            statistics["batch_sizes"] = (
+                f"mean {sum(k * v for k, v in sizes.items()) / launches:.1f}, "
+                f"largest {max(sizes)}, {sizes.get(1, 0)} of {launches} of size 1")
+        for key, value in statistics.items():
+            if isinstance(value, float):
+                value = f"{value:.3f}"
+            print(f"  {key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
