@@ -149,9 +149,13 @@ def gather_rule(row, attrs, values, shared, ranks, output_spec, count):
     batch_dims = options.get("batch_dims") or 0
     params_shared, indices_shared = shared[0], shared[1]
     if row.name == "nn.embedding_lookup":
-        if not params_shared or options.get("max_norm") is not None:
-            raise NoRule("embedding lookup into per-instance tables")
-        return row.call(values, attrs)  # one lookup of all instances' ids
+        if options.get("max_norm") is not None:
+            raise NoRule("embedding lookup with max_norm")
+        if params_shared:
+            return row.call(values, attrs)  # one lookup of all instances' ids
+        # Per-instance tables: a gather along each instance's first axis.
+        return tf.gather(values[0], values[1], axis=1,
+                         batch_dims=0 if indices_shared else 1)
     if params_shared:
         if axis != 0 or batch_dims != 0:
             raise NoRule("gather from a shared table along a later axis")
@@ -188,9 +192,14 @@ def no_shared_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 
 def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
-    if not shared[1] or dict(zip(row.attr_params, attrs)).get("data_format"):
-        raise NoRule("bias_add with a per-instance bias or a data format")
-    return row.call(values, attrs)
+    if dict(zip(row.attr_params, attrs)).get("data_format") not in (None, "NHWC"):
+        raise NoRule("bias_add with a channels-first data format")
+    if shared[1]:
+        return row.call(values, attrs)
+    # A bias per instance: an add, with the bias on the value's last axis.
+    value, bias = values
+    bias = tf.reshape(bias, [count] + [1] * (ranks[0] - 1) + [bias.shape[-1]])
+    return value + bias
 
 
 _FAMILY_RULES = {
