@@ -19,7 +19,7 @@ import time
 
 import tensorflow as tf
 
-from ..context import context, new_node_id
+from ..context import context, node_ids
 from . import spec as specs
 from .node import VirtualNode
 from .spec import NotLazy, spec_of_foreign
@@ -78,7 +78,7 @@ def record(row, inputs, attrs):
     site = (frame.f_code, frame.f_lineno)
     if output_spec is None:
         output_spec = _infer(row, inputs, attrs, key, site)
-    node = VirtualNode(new_node_id(), row, inputs, attrs, output_spec, site)
+    node = VirtualNode(next(node_ids), row, inputs, attrs, output_spec, site)
     pending = context.pending
     if pending is not None:
         pending.append(node)
@@ -89,7 +89,7 @@ def record(row, inputs, attrs):
 
 def _access(node, index, site):
     """Output ``index`` of a multi-output node (the thesis's ``access``)."""
-    output = VirtualNode(new_node_id(), ACCESS, (node,), (index,),
+    output = VirtualNode(next(node_ids), ACCESS, (node,), (index,),
                          node.spec[index], site)
     if context.pending is not None:
         context.pending.append(output)

@@ -55,11 +55,16 @@ def spec_of_foreign(value):
     scalar_spec = _SCALAR_SPECS.get(type(value))
     if scalar_spec is not None:
         return scalar_spec
-    if isinstance(value, (tf.Tensor, tf.Variable)):
-        shape = value.shape
-        if shape.rank is None or None in shape:
-            raise NotLazy
-        return spec(value.dtype, tuple(shape))
+    if isinstance(value, tf.Variable):
+        # Weights meet almost every recorded op: keep their spec on them.
+        # A variable's dtype and shape never change (one made with an
+        # unknown shape is not recorded lazily).
+        known = getattr(value, "_subgraphjit_spec", None)
+        if known is None:
+            known = value._subgraphjit_spec = _spec_of_tensor(value)
+        return known
+    if isinstance(value, tf.Tensor):
+        return _spec_of_tensor(value)
     if isinstance(value, np.ndarray) or np.isscalar(value):
         array = np.asarray(value)
         return spec(tf.as_dtype(array.dtype), array.shape)
@@ -72,6 +77,13 @@ def spec_of_foreign(value):
             raise NotLazy
         return spec(None, array.shape, kind)
     raise NotLazy
+
+
+def _spec_of_tensor(value):
+    shape = value.shape
+    if shape.rank is None or None in shape:
+        raise NotLazy
+    return spec(value.dtype, tuple(shape))
 
 
 class NotLazy(Exception):
