@@ -5,8 +5,9 @@ spec hashes and compares by identity.  That makes the inference cache key of a
 recorded op -- its attributes plus the specs of its operands -- cheap to build
 and to look up, which matters because every recorded op does it once.
 
-Inference itself runs the real TensorFlow op once on stand-in operands of the
-right specs (ones, or zeros for index operands) and caches the result per key.
+Inference itself runs the real TensorFlow op once, on stand-in tensors of the
+right specs (ones, or zeros for index operands) and on the Python and NumPy
+operands themselves, and caches the result per key.
 So the specs and the error messages are TensorFlow's own, for every op, with
 no hand-written shape functions to drift from TensorFlow's behaviour.
 """
@@ -91,13 +92,8 @@ class NotLazy(Exception):
 
 
 def stand_in(value_spec, index):
-    """A value of ``value_spec`` to run an op on for shape inference."""
-    fill = 0 if index else 1
-    if value_spec.python_type is not None:
-        if value_spec.shape == ():
-            return value_spec.python_type(fill)
-        return np.full(value_spec.shape, fill,
-                       dtype=object).astype(value_spec.python_type).tolist()
+    """A tensor of ``value_spec`` to run an op on for shape inference: ones,
+    or zeros where the operand holds indices (always in range)."""
     if value_spec.dtype == tf.string:
         return tf.fill(value_spec.shape, "")
     return (tf.zeros if index else tf.ones)(value_spec.shape, value_spec.dtype)
