@@ -10,6 +10,7 @@ stack and run sorted by id.  A 10,000-op chain is as safe as a 10-op one.
 """
 
 import gc
+import sys
 import time
 
 import tensorflow as tf
@@ -57,6 +58,7 @@ def evaluate(targets):
         return
     started = time.perf_counter()
     context.session += 1
+    before = context.stats() if context.parameters["debug"] else None
     # Evaluation allocates many short-lived objects but frees none of its
     # own cycles; without this, Python's cyclic collector would sweep the
     # whole heap (TensorFlow's included) several times per evaluation.
@@ -70,10 +72,43 @@ def evaluate(targets):
     context.evaluations += 1
     context.nodes_evaluated += len(nodes)
     context.evaluate_seconds += time.perf_counter() - started
-    if context.parameters["debug"]:
-        print(f"subgraphjit: evaluation {context.session}: {len(nodes)} nodes, "
-              f"{launches} launches ({context.parameters['scheduler']}) in "
-              f"{(time.perf_counter() - started) * 1e3:.2f} ms")
+    if before is not None:
+        print(debug_summary(before, context.stats(), len(nodes), launches,
+                            time.perf_counter() - started), file=sys.stderr)
+
+
+def debug_summary(before, after, nodes, launches, seconds):
+    """One screen about one evaluation (``SUBGRAPHJIT_DEBUG=1``)."""
+    def grew(key):
+        return after[key] - before[key]
+
+    def counter_growth(key):
+        return {name: count - before[key].get(name, 0)
+                for name, count in after[key].items()
+                if count - before[key].get(name, 0)}
+
+    sizes = counter_growth("batch_sizes")
+    unbatched = counter_growth("unbatched")
+    lines = [
+        f"subgraphjit evaluation {context.session}: {nodes} nodes, {launches} "
+        f"launches (scheduler {context.parameters['scheduler']}), "
+        f"{seconds * 1e3:.1f} ms",
+        f"  analysis {grew('analysis_seconds') * 1e3:.1f} ms, execution "
+        f"{grew('execute_seconds') * 1e3:.1f} ms, duplicates skipped "
+        f"{grew('duplicates_skipped')}",
+    ]
+    if after["lower_bound"] is not None:
+        lines.append(f"  lower bound {grew('lower_bound')} launches")
+    if sizes:
+        total = sum(sizes.values())
+        lines.append(
+            f"  batch sizes: mean {sum(k * v for k, v in sizes.items()) / total:.1f}, "
+            f"largest {max(sizes)}, {sizes.get(1, 0)} of {total} of size 1")
+    lines.append(f"  operands: {grew('slices')} slices, {grew('gathers')} gathers "
+                 f"({grew('bytes_gathered') / 1e6:.2f} MB), {grew('stacks')} stacks")
+    for reason, count in sorted(unbatched.items(), key=lambda item: -item[1])[:5]:
+        lines.append(f"  unbatched: {count} x {reason}")
+    return "\n".join(lines)
 
 
 def _run(nodes):

@@ -112,3 +112,16 @@ def test_ops_without_a_rule_run_per_instance_and_are_counted():
     for node, x in zip(tf.build(nodes), a):
         np.testing.assert_allclose(node.numpy(), x.numpy() @ x.numpy().T, rtol=1e-6)
     assert tf.stats()["unbatched"] == {"tensordot: no batch rule": 3}
+
+
+def test_debug_prints_a_summary_per_evaluation(capsys):
+    rng = np.random.default_rng(5)
+    model = MODELS["tree_lstm"](rng)
+    tf.set_parameter("debug", True)
+    try:
+        tf.build([model.loss(tf, e) for e in model.random_examples(rng, 3)])
+    finally:
+        tf.set_parameter("debug", False)
+    summary = capsys.readouterr().err
+    assert "launches (scheduler agenda)" in summary
+    assert "batch sizes: mean" in summary and "gathers" in summary

@@ -48,6 +48,9 @@ class BatchGraph:
         self.operands = []
         self.duplicate_of = []
         self.shared_operand = []   # per type: which operand positions are shared
+        # In-graph operand nodes of each node (canonical indices), for the
+        # schedulers' dependency bookkeeping.
+        self.sources = []
         for index, node in enumerate(nodes):
             if node.row is ACCESS:
                 source = node.inputs[0]
@@ -57,12 +60,15 @@ class BatchGraph:
                 else:
                     index_of[node.id] = index
                 self.operands.append([NodeOperand(source_index, None, source)])
+                self.sources.append(
+                    (self.duplicate_of[source_index],) if source_index >= 0 else ())
                 self.type_of.append(-1)
                 self.duplicate_of.append(index)
                 continue
             index_of[node.id] = index
-            operands, signature, identity = self._describe(node, index_of)
+            operands, signature, identity, sources = self._describe(node, index_of)
             self.operands.append(operands)
+            self.sources.append(sources)
             identity_key = (signature, identity)
             earlier = work_seen.get(identity_key)
             if earlier is not None:
@@ -80,18 +86,14 @@ class BatchGraph:
                     for position, operand in enumerate(operands)))
             self.type_of.append(node_type)
             self.duplicate_of.append(index)
-        # In-graph operand nodes of each node (canonical indices), for the
-        # schedulers' dependency bookkeeping.
-        self.sources = [
-            tuple({self.duplicate_of[operand.index] for operand in operands
-                   if isinstance(operand, NodeOperand) and operand.index >= 0})
-            for operands in self.operands]
 
     def _describe(self, node, index_of):
-        """Operands, batching signature, and identity of the node's work."""
+        """Operands, batching signature, identity of the node's work, and
+        the in-graph nodes it reads."""
         operands = []
         signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
         identity = []
+        sources = ()
         index_positions = node.row.index_positions
         for position, operand in enumerate(node.inputs):
             if type(operand) is VirtualNode:
@@ -104,6 +106,8 @@ class BatchGraph:
                     operand_index = index_of[operand.id]
                 if operand_index >= 0:
                     operand_index = self.duplicate_of[operand_index]
+                    if operand_index not in sources:
+                        sources += (operand_index,)
                 operands.append(NodeOperand(operand_index, pick, operand))
                 signature.append(operand.spec if pick is None
                                  else operand.spec[pick])
@@ -122,7 +126,7 @@ class BatchGraph:
                 operands.append(operand)
                 signature.append(spec_of_foreign(operand))
                 identity.append(_value_key(operand))
-        return operands, tuple(signature), tuple(identity)
+        return operands, tuple(signature), tuple(identity), sources
 
     def __len__(self):
         return len(self.nodes)
