@@ -1,0 +1,201 @@
+"""Tree-LSTM on SST: sentences per second of every system, in one run.
+
+Training (forward, backward and an Adagrad update) and inference, at each
+batch size, for: plain eager TensorFlow per instance; eager with the cells
+in tf.function; a hand-batched TensorFlow version (level by level), eager
+and with its whole step in tf.function (traced once per tree height); DyNet
+with autobatching, agenda and depth (if ``dynet38`` is installed; run in
+subprocesses); and subgraphjit with each scheduler.  Ratios are to plain
+eager TensorFlow, measured in this run.  Also prints the compute floor: the
+model's FLOPs per sentence over the measured single-thread matmul rate.
+
+    python benchmarks/batching.py                      # 2,000 trees, batch 25 and 256
+    python benchmarks/batching.py --trees 500 --passes 1   # quicker
+"""
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tensorflow  # noqa: E402
+
+tensorflow.config.threading.set_intra_op_parallelism_threads(1)
+tensorflow.config.threading.set_inter_op_parallelism_threads(1)
+
+import subgraphjit  # noqa: E402
+from benchmarks.treelstm_baselines import (  # noqa: E402
+    FunctionCellTreeLSTM, HandBatchedTreeLSTM, compiled_hand_batched)
+from experiments import sst  # noqa: E402
+from experiments.treelstm import TreeLSTM  # noqa: E402
+
+
+def median_rate(run_pass, sentences, passes):
+    rates = []
+    for _ in range(passes):
+        started = time.perf_counter()
+        run_pass()
+        rates.append(sentences / (time.perf_counter() - started))
+    return float(np.median(rates))
+
+
+def per_instance_system(module, make_model):
+    """Training and inference passes of a model that encodes one tree at a time."""
+    def passes(batches, vocabulary):
+        model = make_model()
+        optimizer = tensorflow.keras.optimizers.Adagrad(0.05)
+
+        def train():
+            for batch in batches:
+                with module.GradientTape() as tape:
+                    loss = module.add_n([model.loss(t, vocabulary) for t in batch]) / len(batch)
+                    if hasattr(module, "build"):
+                        loss = module.build(loss)
+                gradients = tape.gradient(loss, model.variables)
+                optimizer.apply_gradients(zip(gradients, model.variables))
+
+        def infer():
+            for batch in batches:
+                outputs = [model.logits(t, vocabulary) for t in batch]
+                if hasattr(module, "build"):
+                    outputs = module.build(outputs)
+                [np.asarray(o) for o in outputs]
+        return train, infer
+    return passes
+
+
+def hand_batched_system(make_model):
+    def passes(batches, vocabulary):
+        model = make_model()
+        optimizer = tensorflow.keras.optimizers.Adagrad(0.05)
+
+        def train():
+            for batch in batches:
+                plan = model.plan(batch, vocabulary)
+                with tensorflow.GradientTape() as tape:
+                    loss = model.batch_loss(plan)
+                gradients = tape.gradient(loss, model.variables)
+                optimizer.apply_gradients(zip(gradients, model.variables))
+
+        def infer():
+            for batch in batches:
+                model.batch_logits(model.plan(batch, vocabulary)).numpy()
+        return train, infer
+    return passes
+
+
+def compiled_hand_batched_system(make_model):
+    def passes(batches, vocabulary):
+        model = make_model()
+        train_step, logits = compiled_hand_batched(
+            model, tensorflow.keras.optimizers.Adagrad(0.05))
+        plans = [model.plan_tensors(model.plan(b, vocabulary)) for b in batches]
+
+        def train():
+            for plan in plans:
+                train_step(plan)
+
+        def infer():
+            for plan in plans:
+                logits(plan).numpy()
+        return train, infer
+    return passes
+
+
+def dynet_rates(strategy, batch_size, arguments):
+    command = [sys.executable, str(ROOT / "benchmarks" / "dynet_treelstm.py"),
+               "--dynet-autobatch", str(strategy), "--batch-size", str(batch_size),
+               "--trees", str(arguments.trees), "--passes", str(arguments.passes)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def compute_floor(trees):
+    """Sentences/s if every FLOP ran at the single-thread matmul rate."""
+    a = tensorflow.random.normal((512, 300))
+    b = tensorflow.random.normal((300, 750))
+    tensorflow.matmul(a, b).numpy()
+    started, repeats = time.perf_counter(), 50
+    for _ in range(repeats):
+        result = tensorflow.matmul(a, b)
+    result.numpy()
+    rate = 2 * 512 * 300 * 750 * repeats / (time.perf_counter() - started)
+    leaves = np.mean([len(t.words()) for t in trees])
+    forward = leaves * 2 * 300 * 450 + (leaves - 1) * 2 * 300 * 750 + 2 * 150 * 2
+    # Backward costs about twice the forward (two products per product).
+    return rate, rate / (3 * forward), rate / forward
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trees", type=int, default=2000)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 256])
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--eager-trees", type=int, default=100,
+                        help="trees for the slow per-instance baselines")
+    arguments = parser.parse_args()
+
+    trees = sst.load_split("train", limit=arguments.trees)
+    vocabulary = sst.Vocabulary(trees)
+    size = len(vocabulary)
+    systems = {
+        "eager TensorFlow": per_instance_system(
+            tensorflow, lambda: TreeLSTM(tensorflow, size, 2)),
+        "eager, cells in tf.function": per_instance_system(
+            tensorflow, lambda: FunctionCellTreeLSTM(size, 2)),
+        "hand-batched TensorFlow": hand_batched_system(
+            lambda: HandBatchedTreeLSTM(size, 2)),
+        "hand-batched, tf.function": compiled_hand_batched_system(
+            lambda: HandBatchedTreeLSTM(size, 2)),
+    }
+    for scheduler in ("agenda", "depth"):
+        def make(scheduler=scheduler):
+            subgraphjit.set_parameter("scheduler", scheduler)
+            return TreeLSTM(subgraphjit, size, 2)
+        systems[f"subgraphjit {scheduler}"] = per_instance_system(subgraphjit, make)
+    per_instance = {"eager TensorFlow", "eager, cells in tf.function"}
+    has_dynet = importlib.util.find_spec("dynet") is not None
+
+    rate, floor_train, floor_infer = compute_floor(trees)
+    print(f"SST Tree-LSTM, embedding 300, hidden 150, first {len(trees)} training "
+          f"trees, 1 thread, median of {arguments.passes} passes")
+    print(f"single-thread matmul: {rate / 1e9:.1f} GFLOP/s; compute floor "
+          f"{floor_train:.0f} sentences/s training, {floor_infer:.0f} inference")
+
+    for batch_size in arguments.batch_sizes:
+        rows, eager = [], None
+        for name, system in systems.items():
+            subset = trees[:arguments.eager_trees] if name in per_instance else trees
+            batches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
+            train, infer = system(batches, vocabulary)
+            train(), infer()  # warm up: traces, caches
+            speeds = (median_rate(train, len(subset), arguments.passes),
+                      median_rate(infer, len(subset), arguments.passes))
+            eager = eager or speeds
+            rows.append((name, *speeds))
+        if has_dynet:
+            for strategy, label in ((1, "agenda"), (2, "depth")):
+                speeds = dynet_rates(strategy, batch_size, arguments)
+                rows.append((f"DyNet autobatch {label}", speeds["train"], speeds["infer"]))
+        print(f"\nbatch size {batch_size}")
+        print(f"{'system':<30} {'train sent/s':>12} {'x eager':>8} "
+              f"{'infer sent/s':>12} {'x eager':>8}")
+        for name, train_rate, infer_rate in rows:
+            print(f"{name:<30} {train_rate:>12.1f} {train_rate / eager[0]:>8.1f} "
+                  f"{infer_rate:>12.1f} {infer_rate / eager[1]:>8.1f}")
+        print(f"{'compute floor':<30} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
+              f"{floor_infer:>12.0f} {floor_infer / eager[1]:>8.1f}")
+    if not has_dynet:
+        print("\n(DyNet rows need `pip install dynet38`.)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The same Tree-LSTM in DyNet with autobatching, run by benchmarks/batching.py
+in a subprocess (DyNet reads its flags at import).  Prints one JSON line:
+sentences per second for training and for inference.
+
+    python benchmarks/dynet_treelstm.py --dynet-autobatch 1 --batch-size 25
+    (autobatch 1: agenda-based, 2: depth-based)
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from experiments import sst  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--trees", type=int, default=2000)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--embedding", type=int, default=300)
+    parser.add_argument("--hidden", type=int, default=150)
+    arguments, _ = parser.parse_known_args()  # --dynet-* flags are DyNet's
+    import dynet as dy
+
+    trees = sst.load_split("train", limit=arguments.trees)
+    vocabulary = sst.Vocabulary(trees)
+    model = dy.ParameterCollection()
+    embed, hidden = arguments.embedding, arguments.hidden
+    embedding = model.add_lookup_parameters((len(vocabulary), embed))
+    leaf_weight = model.add_parameters((3 * hidden, embed))
+    leaf_bias = model.add_parameters(3 * hidden)
+    node_weight = model.add_parameters((5 * hidden, 2 * hidden))
+    node_bias = model.add_parameters(5 * hidden)
+    output_weight = model.add_parameters((2, hidden))
+    output_bias = model.add_parameters(2)
+    trainer = dy.AdagradTrainer(model, 0.05)
+
+    def encode(tree):
+        if tree.is_leaf:
+            x = embedding[vocabulary[tree.word]]
+            gates = dy.affine_transform([leaf_bias, leaf_weight, x])
+            i = dy.logistic(dy.pick_range(gates, 0, hidden))
+            o = dy.logistic(dy.pick_range(gates, hidden, 2 * hidden))
+            u = dy.tanh(dy.pick_range(gates, 2 * hidden, 3 * hidden))
+            c = dy.cmult(i, u)
+            return dy.cmult(o, dy.tanh(c)), c
+        left_h, left_c = encode(tree.left)
+        right_h, right_c = encode(tree.right)
+        gates = dy.affine_transform([node_bias, node_weight,
+                                     dy.concatenate([left_h, right_h])])
+        parts = [dy.pick_range(gates, k * hidden, (k + 1) * hidden) for k in range(5)]
+        i, forget_left, forget_right, o = (dy.logistic(p) for p in parts[:4])
+        c = (dy.cmult(i, dy.tanh(parts[4])) + dy.cmult(forget_left, left_c)
+             + dy.cmult(forget_right, right_c))
+        return dy.cmult(o, dy.tanh(c)), c
+
+    def logits(tree):
+        return dy.affine_transform([output_bias, output_weight, encode(tree)[0]])
+
+    batches = [trees[k:k + arguments.batch_size]
+               for k in range(0, len(trees), arguments.batch_size)]
+    speeds = {}
+    for mode in ("train", "infer"):
+        rates = []
+        for _ in range(arguments.passes):
+            started = time.perf_counter()
+            for batch in batches:
+                dy.renew_cg()
+                if mode == "train":
+                    loss = dy.esum([dy.pickneglogsoftmax(logits(t), t.label)
+                                    for t in batch]) / len(batch)
+                    loss.value()
+                    loss.backward()
+                    trainer.update()
+                else:
+                    outputs = [logits(t) for t in batch]
+                    dy.forward(outputs)
+                    [o.npvalue() for o in outputs]
+            rates.append(len(trees) / (time.perf_counter() - started))
+        speeds[mode] = sorted(rates)[len(rates) // 2]
+    print(json.dumps(speeds))
+
+
+if __name__ == "__main__":
+    main()
