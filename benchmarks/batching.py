@@ -97,14 +97,16 @@ def compiled_hand_batched_system(make_model):
         model = make_model()
         train_step, logits = compiled_hand_batched(
             model, tensorflow.keras.optimizers.Adagrad(0.05))
-        plans = [model.plan_tensors(model.plan(b, vocabulary)) for b in batches]
+        def plans():
+            for batch in batches:
+                yield model.plan_tensors(model.plan(batch, vocabulary))
 
         def train():
-            for plan in plans:
+            for plan in plans():
                 train_step(plan)
 
         def infer():
-            for plan in plans:
+            for plan in plans():
                 logits(plan).numpy()
         return train, infer
     return passes
