@@ -35,7 +35,7 @@ import subgraphjit  # noqa: E402
 from benchmarks.treelstm_baselines import (  # noqa: E402
     FunctionCellTreeLSTM, HandBatchedTreeLSTM, compiled_hand_batched)
 from experiments import sst  # noqa: E402
-from experiments.treelstm import TreeLSTM  # noqa: E402
+from experiments.treelstm import TreeLSTM, train_step  # noqa: E402
 
 
 def median_rate(run_pass, sentences, passes):
@@ -55,12 +55,7 @@ def per_instance_system(module, make_model):
 
         def train():
             for batch in batches:
-                with module.GradientTape() as tape:
-                    loss = module.add_n([model.loss(t, vocabulary) for t in batch]) / len(batch)
-                    if hasattr(module, "build"):
-                        loss = module.build(loss)
-                gradients = tape.gradient(loss, model.variables)
-                optimizer.apply_gradients(zip(gradients, model.variables))
+                train_step(module, model, optimizer, batch, vocabulary)
 
         def infer():
             for batch in batches:
