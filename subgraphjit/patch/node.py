@@ -120,6 +120,9 @@ class VirtualNode:
     def __index__(self):
         return self.value().__index__()
 
+    def __round__(self, ndigits=None):
+        return round(self.value(), ndigits)
+
     def __format__(self, format_spec):
         return format(self.value(), format_spec)
 
