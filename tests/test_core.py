@@ -223,14 +223,19 @@ def test_everything_in_tensorflow_is_reachable():
     assert "matmul" in dir(tf) and "relu" in dir(tf.nn)
 
 
-def test_tf_function_tracing_with_patched_ops():
+def test_tf_function_tracing_passes_patched_ops_through():
+    traced = []
+
     @tensorflow.function
     def scaled_sigmoid(x):
-        return tf.sigmoid(x) * 2.0
+        hidden = tf.sigmoid(x)
+        traced.append(type(hidden))
+        return hidden * 2.0
 
     x = random_constant(2, 2)
     np.testing.assert_allclose(scaled_sigmoid(x).numpy(),
                                2 / (1 + np.exp(-x.numpy())), rtol=1e-6)
+    assert traced and VirtualNode not in traced  # TensorFlow's graph, not ours
 
 
 def test_recorded_nodes_are_freed_after_evaluation():

@@ -65,6 +65,10 @@ def spec_of_foreign(value):
             known = value._subgraphjit_spec = _spec_of_tensor(value)
         return known
     if isinstance(value, tf.Tensor):
+        if not hasattr(value, "_numpy"):
+            # A symbolic tensor: we are inside a tf.function trace, where
+            # TensorFlow builds a graph anyway; record nothing.
+            raise NotLazy
         return _spec_of_tensor(value)
     if isinstance(value, np.ndarray) or np.isscalar(value):
         array = np.asarray(value)
