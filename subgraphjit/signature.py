@@ -1,0 +1,214 @@
+"""Depth-limited subgraph signatures (thesis sections 4.2, 4.4 and 5.3).
+
+``H'(n, d)`` describes the subgraph rooted at node ``n`` down to depth ``d``:
+the node's label (its op and attributes, and at the ``shape`` level its
+output spec) combined with the signatures of its operands at depth ``d - 1``.
+At depth 0, or at an operand that is not a recorded node, the walk stops at
+an *input* of the subgraph: a constant marker for nodes, and for other
+operands their identity (a tf.Variable, so that subgraphs over different
+weights never share code), their value (a Python number) or their spec (a
+tensor or array fed per instance).
+
+A node already evaluated is an input too (its operands are gone; its value
+is what counts).
+
+A node reached a second time in one walk is not walked again: it becomes
+``shared(H(n))`` (section 5.3), so a diamond and a tree of the same ops get
+different signatures, and code generation names the node once.
+
+A ``Signature`` is a value with two parts: a 128-bit xxhash digest that finds
+candidates fast, and the structural key it was hashed from, which decides
+equality.  Two subgraphs compare equal only if they are structurally equal,
+so a hash collision can never make different subgraphs share compiled code.
+
+Walks are memoized per (node, depth) within one ``Signer`` (one evaluation):
+no subgraph is hashed twice, except where a ``shared`` marker makes the
+result depend on the walk that found it.
+"""
+
+import tensorflow as tf
+import xxhash
+
+from .patch.node import VirtualNode
+from .patch.record import ACCESS
+from .patch.spec import spec_of_foreign
+
+LEVELS = ("shape", "structure", "signature")
+
+# The hash function, a module attribute so that tests can force collisions.
+digest_of = xxhash.xxh3_128_intdigest
+
+
+class Signature:
+    """A subgraph signature: ``digest`` to find, ``key`` to decide."""
+
+    __slots__ = ("digest", "key")
+
+    def __init__(self, digest, key):
+        self.digest = digest
+        self.key = key
+
+    def __hash__(self):
+        return self.digest
+
+    def __eq__(self, other):
+        return (isinstance(other, Signature) and self.digest == other.digest
+                and self.key == other.key)
+
+    def __repr__(self):
+        return f"Signature({self.digest:032x})"
+
+
+class Walk:
+    """One subgraph's signature, with the inputs it stopped at, in order."""
+
+    __slots__ = ("signature", "inputs", "nodes")
+
+    def __init__(self, signature, inputs, nodes):
+        self.signature = signature
+        self.inputs = inputs    # operands at the boundary, first-visit order
+        self.nodes = nodes      # the subgraph's own nodes, operands first
+
+
+class Signer:
+    """Computes H'(n, d) at one equivalence level, memoized per (node, depth).
+
+    ``shape``: labels include every node's output dtype and shape;
+    ``structure``: op, attributes and dtypes, not shapes (subgraphs that differ
+    only in sizes match; their compiled code retraces per shape);
+    ``signature``: as ``structure``, and per-instance inputs are described by
+    dtype alone -- the thesis's constant leaf -- so the widest sharing.
+    """
+
+    def __init__(self, level="signature"):
+        if level not in LEVELS:
+            raise ValueError(f"unknown equivalence level {level!r}; "
+                             f"choose one of {LEVELS}")
+        self.level = level
+        self._memo = {}
+        self._labels = {}
+        self.nodes_hashed = 0  # label hashes computed: the work done
+
+    def walk(self, root, depth):
+        """The signature of the subgraph under ``root`` to ``depth``."""
+        walk = _WalkState()
+        signature = self._signature(root, depth, walk)[0]
+        return Walk(signature, walk.inputs, walk.nodes)
+
+    def _signature(self, node, depth, walk):
+        """(signature, whether it used a shared marker)."""
+        if node.row is ACCESS:  # an output of a multi-output op: look through
+            source, index = node.inputs[0], node.attrs[0]
+            inner, shared = self._signature(source, depth, walk)
+            return self._combine(("output", index), (inner,)), shared
+        if node.id in walk.visited:
+            return self._combine(("shared",), (walk.visited[node.id],)), True
+        if depth == 0 or not node.inputs:
+            boundary = self._boundary(node)
+            walk.visit(node, boundary)
+            walk.inputs.append(node)
+            return boundary, False
+        memo_key = (node.id, depth)
+        remembered = self._memo.get(memo_key)
+        if remembered is not None and not any(
+                member.id in walk.visited for member, _ in remembered.members):
+            for member, member_signature in remembered.members:
+                walk.visit(member, member_signature)
+            walk.inputs.extend(remembered.inputs)
+            walk.nodes.extend(remembered.nodes)
+            return remembered.signature, False
+        start = (len(walk.trail), len(walk.inputs), len(walk.nodes))
+        children, any_shared = [], False
+        for operand in node.inputs:
+            if type(operand) is VirtualNode:
+                child, shared = self._signature(operand, depth - 1, walk)
+                any_shared = any_shared or shared
+            else:
+                child = self._operand(operand)
+                walk.inputs.append(operand)
+            children.append(child)
+        signature = self._combine(self._label(node), children)
+        walk.visit(node, signature)
+        walk.nodes.append(node)
+        if not any_shared:
+            self._memo[memo_key] = _Memo(
+                signature, walk.trail[start[0]:], walk.inputs[start[1]:],
+                walk.nodes[start[2]:])
+        return signature, any_shared
+
+    # -- labels and leaves -----------------------------------------------------
+    def _label(self, node):
+        spec = node.spec
+        label_key = (node.row, node.attrs, spec) if self.level == "shape" \
+            else (node.row, node.attrs, _dtypes(spec))
+        label = self._labels.get(label_key)
+        if label is None:
+            label = (node.row.name, node.attrs, tuple(map(type, node.attrs)),
+                     _describe_spec(spec, self.level == "shape"))
+            self._labels[label_key] = label
+        return label
+
+    def _boundary(self, node):
+        spec = node.spec
+        if self.level == "signature":
+            return self._combine(("input", _dtypes(spec)), ())
+        return self._combine(("input", _describe_spec(spec, self.level == "shape")), ())
+
+    def _operand(self, operand):
+        if isinstance(operand, tf.Variable):
+            # The identity of a shared parameter: W and U never share code.
+            return self._combine(("parameter", id(operand)), ())
+        if type(operand) in (int, float, bool):
+            return self._combine(("constant", type(operand).__name__, operand), ())
+        if isinstance(operand, tf.Tensor):
+            return self._combine(("tensor", id(operand)), ())
+        operand_spec = spec_of_foreign(operand)
+        kind = operand_spec.python_type or operand_spec.dtype
+        if self.level == "shape":
+            return self._combine(("value", kind, operand_spec.shape), ())
+        return self._combine(("value", kind), ())
+
+    def _combine(self, label, children):
+        self.nodes_hashed += 1
+        key = (label, tuple(child.key for child in children))
+        text = repr(label).encode() + b"".join(
+            child.digest.to_bytes(16, "little") for child in children)
+        return Signature(digest_of(text), key)
+
+
+def _dtypes(spec):
+    if isinstance(spec, tuple):
+        return tuple(_dtypes(s) for s in spec)
+    return spec.dtype.name if spec.dtype is not None else spec.python_type.__name__
+
+
+def _describe_spec(spec, with_shape):
+    if isinstance(spec, tuple):
+        return tuple(_describe_spec(s, with_shape) for s in spec)
+    return (_dtypes(spec), spec.shape) if with_shape else _dtypes(spec)
+
+
+class _WalkState:
+    """What one walk has seen: signatures by node id, in visiting order."""
+
+    __slots__ = ("visited", "trail", "inputs", "nodes")
+
+    def __init__(self):
+        self.visited = {}
+        self.trail = []     # (node, signature) in visiting order
+        self.inputs = []
+        self.nodes = []
+
+    def visit(self, node, signature):
+        self.visited[node.id] = signature
+        self.trail.append((node, signature))
+
+
+class _Memo:
+    __slots__ = ("signature", "members", "inputs", "nodes")
+
+    def __init__(self, signature, members, inputs, nodes):
+        self.signature = signature
+        self.members = members
+        self.inputs = inputs
+        self.nodes = nodes
