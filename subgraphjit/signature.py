@@ -31,7 +31,7 @@ import xxhash
 
 from .patch.node import VirtualNode
 from .patch.record import ACCESS
-from .patch.spec import spec_of_foreign
+from .patch.spec import is_variable, spec_of_foreign
 
 LEVELS = ("shape", "structure", "signature")
 
@@ -155,7 +155,7 @@ class Signer:
         return self._combine(("input", _describe_spec(spec, self.level == "shape")), ())
 
     def _operand(self, operand):
-        if isinstance(operand, tf.Variable):
+        if is_variable(operand):
             # The identity of a shared parameter: W and U never share code.
             return self._combine(("parameter", id(operand)), ())
         if type(operand) in (int, float, bool):

@@ -278,3 +278,20 @@ def test_memory_stays_flat_over_thousands_of_minibatches():
     gc.collect()
     grown = resident_megabytes() - before
     assert grown < 20, f"resident memory grew by {grown:.1f} MB"
+
+
+def test_keras_variables_are_recorded_lazily_with_gradients():
+    import keras
+    weight = keras.Variable(np.arange(12, dtype=np.float32).reshape(3, 4) / 10)
+    x = random_constant(2, 3)
+    tf.reset_stats()
+    gradients = []
+    for module in (tensorflow, tf):
+        with tensorflow.GradientTape() as tape:
+            node = module.tanh(module.matmul(module.sigmoid(x), weight))
+            if module is tf:
+                assert type(node) is VirtualNode
+            loss = tf.build(module.reduce_sum(node))
+        gradients.append(tape.gradient(loss, weight.value))
+    assert tf.stats()["fallbacks"] == 0
+    np.testing.assert_allclose(gradients[1].numpy(), gradients[0].numpy(), rtol=1e-5)

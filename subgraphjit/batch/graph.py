@@ -20,9 +20,8 @@ import tensorflow as tf
 
 from ..patch.node import VirtualNode
 from ..patch.record import ACCESS
-from ..patch.spec import spec_of_foreign
+from ..patch.spec import is_variable, spec_of_foreign
 
-_SHARED_TYPES = (tf.Variable, tf.Tensor)
 _PYTHON_NUMBERS = (int, float, bool)
 
 
@@ -118,7 +117,7 @@ class BatchGraph:
                 operands.append(operand)
                 signature.append((type(operand), operand))
                 identity.append(None)
-            elif isinstance(operand, _SHARED_TYPES):
+            elif isinstance(operand, tf.Tensor) or is_variable(operand):
                 operands.append(operand)
                 signature.append(("shared", id(operand)))
                 identity.append(None)
@@ -151,7 +150,7 @@ def _value_key(value):
 def _is_shared(operand, is_index):
     if type(operand) in _PYTHON_NUMBERS:
         return not is_index
-    return isinstance(operand, _SHARED_TYPES)
+    return isinstance(operand, tf.Tensor) or is_variable(operand)
 
 
 class NodeOperand:

@@ -22,10 +22,9 @@ import tensorflow as tf
 from ..context import context, node_ids
 from . import spec as specs
 from .node import VirtualNode
-from .spec import NotLazy, spec_of_foreign
+from .spec import NotLazy, is_variable, spec_of_foreign
 
 _getframe = sys._getframe
-_TENSOR_TYPES = (VirtualNode, tf.Tensor, tf.Variable)
 
 
 class OpRow:
@@ -103,7 +102,8 @@ def _infer(row, inputs, attrs, key, site):
     operands, which TensorFlow converts by their value."""
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
-        if isinstance(operand, _TENSOR_TYPES) else operand
+        if isinstance(operand, (VirtualNode, tf.Tensor)) or is_variable(operand)
+        else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     started = time.perf_counter()

@@ -12,6 +12,8 @@ So the specs and the error messages are TensorFlow's own, for every op, with
 no hand-written shape functions to drift from TensorFlow's behaviour.
 """
 
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -56,7 +58,7 @@ def spec_of_foreign(value):
     scalar_spec = _SCALAR_SPECS.get(type(value))
     if scalar_spec is not None:
         return scalar_spec
-    if isinstance(value, tf.Variable):
+    if is_variable(value):
         # Weights meet almost every recorded op: keep their spec on them.
         # A variable's dtype and shape never change (one made with an
         # unknown shape is not recorded lazily).
@@ -84,11 +86,19 @@ def spec_of_foreign(value):
     raise NotLazy
 
 
+def is_variable(value):
+    """A tf.Variable, or a Keras 3 variable (which wraps one)."""
+    if isinstance(value, tf.Variable):
+        return True
+    keras = sys.modules.get("keras")  # no Keras variables before Keras loads
+    return keras is not None and isinstance(value, keras.Variable)
+
+
 def _spec_of_tensor(value):
-    shape = value.shape
+    shape = tf.TensorShape(value.shape)
     if shape.rank is None or None in shape:
         raise NotLazy
-    return spec(value.dtype, tuple(shape))
+    return spec(tf.as_dtype(value.dtype), tuple(shape))
 
 
 class NotLazy(Exception):
