@@ -14,6 +14,7 @@ model's FLOPs per sentence over the measured single-thread matmul rate.
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import pathlib
@@ -59,9 +60,9 @@ def per_instance_system(module, make_model):
 
         def infer():
             for batch in batches:
-                outputs = [model.logits(t, vocabulary) for t in batch]
-                if hasattr(module, "build"):
-                    outputs = module.build(outputs)
+                # subgraphjit's batching scope (no GradientTape here to be one).
+                with getattr(module, "batching", contextlib.nullcontext)():
+                    outputs = [model.logits(t, vocabulary) for t in batch]
                 [np.asarray(o) for o in outputs]
         return train, infer
     return passes

@@ -11,6 +11,7 @@ difference between the two, and dev accuracy.
 """
 
 import argparse
+import contextlib
 import importlib
 import pathlib
 import sys
@@ -96,9 +97,9 @@ def accuracy(tf, model, trees, vocabulary, batch_size):
     for start in tqdm(range(0, len(trees), batch_size), desc="dev accuracy",
                       unit="batch", leave=False):
         batch = trees[start:start + batch_size]
-        logits = [model.logits(tree, vocabulary) for tree in batch]
-        if hasattr(tf, "build"):
-            logits = tf.build(logits)
+        # subgraphjit's batching scope evaluates the minibatch on exit.
+        with getattr(tf, "batching", contextlib.nullcontext)():
+            logits = [model.logits(tree, vocabulary) for tree in batch]
         correct += sum(int(np.argmax(np.asarray(value)) == tree.label)
                        for value, tree in zip(logits, batch))
     return correct / max(len(trees), 1)
