@@ -25,7 +25,6 @@ from ..patch.spec import is_variable, spec_of_foreign
 _PYTHON_NUMBERS = (int, float, bool)
 
 
-
 class BatchGraph:
     """Nodes to evaluate, in recording order, with what batching needs.
 
