@@ -8,9 +8,11 @@ from .context import context
 from .evaluate import build, evaluate
 from .patch.namespace import WRAPPERS
 from .patch.node import VirtualNode
+from .search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",
-           "get_parameter", "stats", "reset_stats", "access"]
+           "get_parameter", "stats", "reset_stats", "access", "patterns",
+           "reset_patterns"]
 
 
 def set_parameter(key, value):
@@ -29,6 +31,19 @@ def stats():
 
 def reset_stats():
     context.reset_stats()
+
+
+def patterns():
+    """The frequent subgraphs found so far (empty while collecting), most
+    matched first; ``print(p)`` shows a pattern's signature, counts and code."""
+    return sorted(SEARCH.patterns.values() if SEARCH.patterns else (),
+                  key=lambda pattern: (-pattern.matches, pattern.number))
+
+
+def reset_patterns():
+    """Forget collected statistics and patterns: the next ``collect``
+    evaluations collect again (for a new model, or new data)."""
+    SEARCH.reset()
 
 
 def access(outputs, index):
@@ -53,7 +68,7 @@ def batching():
     except BaseException:
         context.close_scope()
         raise
-    evaluate(context.close_scope())
+    evaluate(context.close_scope(), required=())
 
 
 class GradientTape(tf.GradientTape):
@@ -77,7 +92,7 @@ class GradientTape(tf.GradientTape):
         recorded = context.close_scope()
         try:
             if kind is None:
-                evaluate(recorded)
+                evaluate(recorded, required=())
         finally:
             result = super().__exit__(kind, error, traceback)
         return result

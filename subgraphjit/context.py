@@ -55,6 +55,15 @@ PARAMETERS = {
     "collect": Parameter(
         3, int, _positive_int,
         "P_Collect: minibatches used to collect pattern statistics (thesis 4.7)"),
+    "equivalence": Parameter(
+        "signature", str, _one_of("shape", "structure", "signature"),
+        "when two subgraphs are the same pattern (thesis 4.2): equal ops and "
+        "shapes ('shape'), equal ops ('structure'), or equal ops with inputs "
+        "told apart by dtype only ('signature')"),
+    "granularity": Parameter(
+        "op", str, _one_of("op", "subgraph"),
+        "the unit of work: single ops, or frequent subgraphs found over the "
+        "first 'collect' minibatches, each compiled once (thesis chapter 4)"),
     "scheduler": Parameter(
         "agenda", str, _one_of("none", "depth", "agenda"),
         "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
@@ -114,6 +123,9 @@ class Context:
         self.pending = None
         self.collector_was_on = True
         self.patterns = {}
+        # Ids of nodes inside a replaced pattern, computed only on demand:
+        # closing scopes skip them.
+        self.swallowed = set()
         self.session = 0
         self.reset_stats()
 
@@ -148,10 +160,18 @@ class Context:
         self.scopes.append(self.pending)
 
     def close_scope(self):
+        """Close the innermost scope; returns the nodes to evaluate."""
         recorded = self.scopes.pop()
         self.pending = self.scopes[-1] if self.scopes else None
         if not self.scopes and self.collector_was_on:
             gc.enable()
+        swallowed = self.swallowed
+        if swallowed:
+            recorded = [node for node in recorded if node.id not in swallowed
+                        and not (node.row.name == "access" and node.inputs
+                                 and node.inputs[0].id in swallowed)]
+            if not self.scopes:
+                swallowed.clear()
         return recorded
 
     # -- statistics ----------------------------------------------------------
@@ -167,6 +187,9 @@ class Context:
             "stacks": 0, "bytes_gathered": 0, "duplicates_skipped": 0,
             "analysis_seconds": 0.0, "execute_seconds": 0.0}
         self.inference_seconds = 0.0
+        self.search_seconds = 0.0
+        self.pattern_matches = 0
+        self.pattern_traces = 0
         self.shape_inferences = 0
         self.started = time.perf_counter()
 
@@ -180,6 +203,10 @@ class Context:
             "fallback_ops": dict(self.fallbacks),
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
+            "patterns": len(self.patterns or {}),
+            "pattern_matches": self.pattern_matches,
+            "pattern_traces": self.pattern_traces,
+            "search_seconds": self.search_seconds,
             "evaluate_seconds": self.evaluate_seconds,
             **{key: dict(value) if isinstance(value, collections.Counter) else value
                for key, value in self.batching.items()},

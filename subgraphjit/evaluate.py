@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import batch
+from . import batch, search
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import annotate
@@ -51,12 +51,20 @@ def run_node(node):
     node.site = None
 
 
-def evaluate(targets):
-    """Evaluate the VirtualNodes in ``targets`` (and what they depend on)."""
+def evaluate(targets, required=None):
+    """Evaluate the VirtualNodes in ``targets`` (and what they depend on).
+
+    ``required``: the nodes that must have values afterwards (all targets
+    unless told otherwise).  A batching scope names none: its targets are
+    everything recorded in it, and subgraph granularity may leave interior
+    nodes of a pattern to be computed only if someone asks for them.
+    """
     nodes = unevaluated_ancestors(targets)
     if not nodes:
         return
     started = time.perf_counter()
+    if context.parameters["granularity"] == "subgraph":
+        nodes = search.optimize(nodes, targets if required is None else required)
     context.session += 1
     before = context.stats() if context.parameters["debug"] else None
     # Evaluation allocates many short-lived objects but frees none of its

@@ -13,8 +13,17 @@ A node already evaluated is an input too (its operands are gone; its value
 is what counts).
 
 A node reached a second time in one walk is not walked again: it becomes
-``shared(H(n))`` (section 5.3), so a diamond and a tree of the same ops get
-different signatures, and code generation names the node once.
+``shared(k, H(n))`` (section 5.3), where ``k`` is the node's position in the
+walk's visiting order, so a diamond and a tree of the same ops get different
+signatures, two diamonds whose shared edges point at different (if equal)
+nodes do too, and code generation names the node once.
+
+Section 5.5 keeps optimized subgraphs from computing anything twice: a node
+with more than one consumer may only be the root or an input of a subgraph.
+A ``Signer`` given those nodes as ``boundaries`` stops at them.  With
+``values_stop`` it also stops at nodes fed a NumPy or list operand: such
+a value's dtype is decided by the op that meets it (``x * np.float64(2)`` is
+float32 when x is), so it cannot become an argument of compiled code.
 
 A ``Signature`` is a value with two parts: a 128-bit xxhash digest that finds
 candidates fast, and the structural key it was hashed from, which decides
@@ -80,34 +89,38 @@ class Signer:
     dtype alone -- the thesis's constant leaf -- so the widest sharing.
     """
 
-    def __init__(self, level="signature"):
+    def __init__(self, level="signature", boundaries=frozenset(),
+                 values_stop=False):
         if level not in LEVELS:
             raise ValueError(f"unknown equivalence level {level!r}; "
                              f"choose one of {LEVELS}")
         self.level = level
+        self.boundaries = boundaries  # ids of nodes walks stop at (not roots)
+        self.values_stop = values_stop
         self._memo = {}
         self._labels = {}
         self.nodes_hashed = 0  # label hashes computed: the work done
 
     def walk(self, root, depth):
         """The signature of the subgraph under ``root`` to ``depth``."""
-        walk = _WalkState()
+        walk = _WalkState(root)
         signature = self._signature(root, depth, walk)[0]
         return Walk(signature, walk.inputs, walk.nodes)
 
     def _signature(self, node, depth, walk):
         """(signature, whether it used a shared marker)."""
-        if node.row is ACCESS:  # an output of a multi-output op: look through
-            source, index = node.inputs[0], node.attrs[0]
-            inner, shared = self._signature(source, depth, walk)
-            return self._combine(("output", index), (inner,)), shared
         if node.id in walk.visited:
-            return self._combine(("shared",), (walk.visited[node.id],)), True
-        if depth == 0 or not node.inputs:
+            ordinal, first = walk.visited[node.id]
+            return self._combine(("shared", ordinal), (first,)), True
+        if self._stops_at(node, depth, walk):
             boundary = self._boundary(node)
             walk.visit(node, boundary)
             walk.inputs.append(node)
             return boundary, False
+        if node.row is ACCESS:  # an output of a multi-output op: look through
+            source, index = node.inputs[0], node.attrs[0]
+            inner, shared = self._signature(source, depth, walk)
+            return self._combine(("output", index), (inner,)), shared
         memo_key = (node.id, depth)
         remembered = self._memo.get(memo_key)
         if remembered is not None and not any(
@@ -136,6 +149,21 @@ class Signer:
                 walk.nodes[start[2]:])
         return signature, any_shared
 
+    def _stops_at(self, node, depth, walk):
+        """Is ``node`` an input of the subgraph rather than part of it?"""
+        if node.row is ACCESS:
+            # Looking through is free; the multi-output op decides, but an
+            # output of one that must stay outside is itself the input.
+            if not node.inputs:
+                return True
+            source = node.inputs[0]
+            return (source.id in self.boundaries or depth == 0
+                    or not source.inputs) and source.id not in walk.visited
+        if node is walk.root:
+            return not node.inputs
+        return (depth == 0 or not node.inputs or node.id in self.boundaries
+                or (self.values_stop and has_value_operand(node)))
+
     # -- labels and leaves -----------------------------------------------------
     def _label(self, node):
         spec = node.spec
@@ -143,10 +171,12 @@ class Signer:
             else (node.row, node.attrs, _dtypes(spec))
         label = self._labels.get(label_key)
         if label is None:
-            label = (node.row.name, node.attrs, tuple(map(type, node.attrs)),
+            label = ("op", node.row.name, node.attrs, tuple(map(type, node.attrs)),
                      _describe_spec(spec, self.level == "shape"))
             self._labels[label_key] = label
         return label
+
+    label = _label  # the root label of a walk from ``node``
 
     def _boundary(self, node):
         spec = node.spec
@@ -176,6 +206,21 @@ class Signer:
         return Signature(digest_of(text), key)
 
 
+def has_value_operand(node):
+    """Is an operand of ``node`` a NumPy or list value (not a node, tensor,
+    variable or Python number)?"""
+    for operand in node.inputs:
+        kind = type(operand)
+        if kind is VirtualNode or kind in _PYTHON_NUMBERS:
+            continue
+        if not (isinstance(operand, tf.Tensor) or is_variable(operand)):
+            return True
+    return False
+
+
+_PYTHON_NUMBERS = (int, float, bool)
+
+
 def _dtypes(spec):
     if isinstance(spec, tuple):
         return tuple(_dtypes(s) for s in spec)
@@ -191,16 +236,17 @@ def _describe_spec(spec, with_shape):
 class _WalkState:
     """What one walk has seen: signatures by node id, in visiting order."""
 
-    __slots__ = ("visited", "trail", "inputs", "nodes")
+    __slots__ = ("root", "visited", "trail", "inputs", "nodes")
 
-    def __init__(self):
-        self.visited = {}
+    def __init__(self, root):
+        self.root = root
+        self.visited = {}   # node id -> (position in the trail, signature)
         self.trail = []     # (node, signature) in visiting order
         self.inputs = []
         self.nodes = []
 
     def visit(self, node, signature):
-        self.visited[node.id] = signature
+        self.visited[node.id] = (len(self.trail), signature)
         self.trail.append((node, signature))
 
 

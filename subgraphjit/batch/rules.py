@@ -202,7 +202,15 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
     return value + bias
 
 
+def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
+    """A compiled frequent subgraph, every instance at once (codegen.py)."""
+    if any(shared):
+        raise NoRule("a pattern argument is shared")
+    return row.pattern.batched(values)
+
+
 _FAMILY_RULES = {
+    "pattern": pattern_rule,
     "elementwise": broadcasting_rule,
     "broadcasting": broadcasting_rule,
     "loss": no_shared_rule,

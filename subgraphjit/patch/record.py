@@ -102,8 +102,8 @@ def _infer(row, inputs, attrs, key, site):
     operands, which TensorFlow converts by their value."""
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
-        if isinstance(operand, (VirtualNode, tf.Tensor)) or is_variable(operand)
-        else operand
+        if isinstance(operand, (VirtualNode, tf.Tensor, specs.Spec))
+        or is_variable(operand) else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     started = time.perf_counter()
@@ -118,8 +118,19 @@ def _infer(row, inputs, attrs, key, site):
     return output_spec
 
 
+def infer_spec(row, attrs, operands):
+    """The output spec of ``row`` on operands given as Specs (values to come)
+    or as the values themselves (variables, tensors, Python numbers)."""
+    key = (attrs, tuple(map(type, attrs)), *(
+        operand if isinstance(operand, specs.Spec) else spec_of_foreign(operand)
+        for operand in operands))
+    return row.cache.get(key) or _infer(row, operands, attrs, key, None)
+
+
 def annotate(error, row, site):
     """Add the user's line to a TensorFlow error raised for a recorded op."""
+    if site is None:
+        return error
     code, line = site
     error.add_note(f"subgraphjit: raised by {row.name}, recorded at "
                    f"{code.co_filename}:{line} in {code.co_name}")

@@ -1,0 +1,326 @@
+"""Code generation: a frequent subgraph becomes a compiled TensorFlow function
+(thesis section 5.4).
+
+The pattern's structural key (see ``signature.py``) is turned back into
+Python source, one TensorFlow call per line, in the thesis's naming: the root
+is ``v``, its operands ``v_0``, ``v_1``, theirs ``v_0_0``... and a node reached
+twice keeps the name it got first (figure 5.2, ``dag_func_2``).  The source is
+registered with ``linecache``, so it shows in tracebacks and in
+``subgraphjit.patterns()``.
+
+Per-instance inputs (recorded nodes) become the function's arguments.  Shared parameters (tf.Variables and tensors, whose
+identity is part of the signature) are captured by name, and Python numbers
+(whose value is) are written as literals.
+
+Each pattern runs two ways, each compiled once per input shapes with
+tf.function (a new batch size never retraces):
+
+* ``call``: on one instance, the generated function itself;
+* ``batched``: on a whole group at once, every per-instance argument stacked
+  along a new leading axis; each line runs through the batching layer's rule
+  for its op (``batch/rules.py``), the same rules single ops batch with.
+"""
+
+import dataclasses
+import inspect
+import itertools
+import linecache
+import operator
+
+import numpy as np
+import tensorflow as tf
+
+from .context import context
+from .patch import spec as specs
+from .patch.record import ACCESS, OpRow, infer_spec
+from .patch.table import ALL_ROWS
+
+ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
+_pattern_numbers = itertools.count(1)
+
+
+@dataclasses.dataclass
+class Step:
+    """One line of a pattern: ``name = row(operands, attrs)``."""
+    name: str
+    row: OpRow
+    attrs: tuple
+    operands: list   # ("name", variable name) or ("literal", Python number)
+
+
+class Pattern:
+    """A frequent subgraph, with its source and its compiled functions."""
+
+    def __init__(self, signature, example_inputs, occurrences=0):
+        self.number = next(_pattern_numbers)
+        self.signature = signature
+        self.occurrences = occurrences   # in the collection stage
+        self.matches = 0                 # nodes replaced since
+        self.function_name = f"pattern_{self.number}"
+        (self.steps, self.arguments, self.argument_positions,
+         self.captured) = _steps(signature.key, example_inputs)
+        self.op_count = sum(step.row is not ACCESS for step in self.steps)
+        self.source = _source(self)
+        filename = f"<subgraphjit {self.function_name}>"
+        linecache.cache[filename] = (len(self.source), None,
+                                     self.source.splitlines(True), filename)
+        namespace = {"tf": tf, "operator": operator, **self.captured,
+                     **{f"attr_{index}": value for index, value in
+                        enumerate(self._unrenderable)}}
+        exec(compile(self.source, filename, "exec"), namespace)
+        self.function = namespace[self.function_name]
+        self._compiled = {}      # per-instance argument specs -> tf.function
+        self._batched = {}       # stacked argument specs -> tf.function or error
+        last = self.steps[-1]
+        self.row = OpRow(f"pattern.{self.number}", None, "pattern",
+                         tensors=len(self.arguments),
+                         multi_output=last.row.multi_output)
+        self.row.call = self.call
+        self.row.pattern = self
+
+    def __repr__(self):
+        return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
+
+    # -- running ---------------------------------------------------------------
+    def call(self, values, attrs=()):
+        """The pattern on one instance's arguments."""
+        key = tuple(_spec_key(value) for value in values)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = tf.function(
+                self._counting(self.function), autograph=False,
+                input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key])
+        return compiled(*values)
+
+    def batched(self, stacked):
+        """The pattern on every instance at once: ``stacked[i]`` holds argument
+        i of all instances along axis 0.  Raises NoRule when an op of the
+        pattern has no batch rule for these operands."""
+        from .batch.rules import NoRule
+        key = tuple((value.dtype, tuple(value.shape[1:])) for value in stacked)
+        compiled = self._batched.get(key)
+        if compiled is None:
+            try:
+                instance_specs = self._propagate_specs(
+                    [specs.spec(dtype, shape) for dtype, shape in key])
+            except NoRule as reason:
+                compiled = reason
+            else:
+                compiled = tf.function(
+                    self._counting(self._batched_body(instance_specs)),
+                    autograph=False, input_signature=[
+                        tf.TensorSpec((None,) + shape, dtype) for dtype, shape in key])
+            self._batched[key] = compiled
+        if isinstance(compiled, NoRule):
+            raise compiled
+        try:
+            return compiled(*stacked)
+        except NoRule as reason:  # raised while tracing: remember it
+            self._batched[key] = reason
+            raise
+
+    def _counting(self, function):
+        def traced(*arguments):
+            context.pattern_traces += 1  # runs once per trace, not per call
+            return function(*arguments)
+        return traced
+
+    def _propagate_specs(self, argument_specs):
+        """Each line's per-instance output spec for these argument specs, and
+        the specs of lines computed from shared values alone."""
+        from .batch.rules import NoRule
+        per_instance = dict(zip(self.arguments, argument_specs))
+        shared = {}
+        for step in self.steps:
+            operands = [self._operand_spec(operand, per_instance, shared)
+                        for operand in step.operands]
+            instance = any(kind == "name" and name in per_instance
+                           for kind, name in step.operands)
+            if step.row is ACCESS:
+                target = per_instance if instance else shared
+                target[step.name] = operands[0][step.attrs[0]]
+                continue
+            try:
+                output_spec = infer_spec(step.row, step.attrs, operands)
+            except Exception as error:
+                raise NoRule(f"{step.row.name} in {self.function_name}: {error}") from None
+            (per_instance if instance else shared)[step.name] = output_spec
+        return per_instance
+
+    def _operand_spec(self, operand, per_instance, shared):
+        kind, value = operand
+        if kind == "literal":
+            return value
+        if value in per_instance:
+            return per_instance[value]
+        if value in shared:
+            return shared[value]
+        return self.captured[value]
+
+    def _batched_body(self, instance_specs):
+        from .batch.rules import NoRule, rule_for
+        steps, arguments, captured = self.steps, self.arguments, self.captured
+
+        def run_batched(*stacked):
+            count = tf.shape(stacked[0])[0]
+            values = dict(zip(arguments, stacked))   # stacked per-instance values
+            shared_values = dict(captured)           # one value for all instances
+            for step in steps:
+                operands, shared, ranks = [], [], []
+                for kind, name in step.operands:
+                    if kind == "name" and name in values:
+                        operands.append(values[name])
+                        shared.append(False)
+                        operand_spec = instance_specs[name]
+                        ranks.append(None if isinstance(operand_spec, tuple)
+                                     else len(operand_spec.shape))
+                    else:
+                        value = name if kind == "literal" else shared_values[name]
+                        operands.append(value)
+                        shared.append(True)
+                        ranks.append(len(getattr(value, "shape", ())))
+                if all(shared):
+                    shared_values[step.name] = (
+                        operands[0][step.attrs[0]] if step.row is ACCESS
+                        else step.row.call(operands, step.attrs))
+                    continue
+                if step.row is ACCESS:
+                    values[step.name] = operands[0][step.attrs[0]]
+                    continue
+                rule = rule_for(step.row)
+                if rule is None:
+                    raise NoRule(f"{step.row.name} has no batch rule")
+                output_spec = instance_specs[step.name]
+                values[step.name] = rule(
+                    step.row, step.attrs, operands, shared, ranks,
+                    output_spec[0] if step.row.multi_output else output_spec, count)
+            return values["v"]
+
+        return run_batched
+
+    def __str__(self):
+        """A few lines for ``subgraphjit.patterns()``."""
+        return (f"{self.function_name}: signature {self.signature.digest:032x}, "
+                f"{self.occurrences} occurrences while collecting, "
+                f"{self.matches} matched since, {self.op_count} ops\n{self.source}")
+
+
+def _spec_key(value):
+    return value.dtype, tuple(value.shape)
+
+
+# -- from a structural key to steps -------------------------------------------
+
+def _steps(key, example_inputs):
+    """Walk the key as the signer walked the subgraph (operands first, in
+    order) and name every value by its path from the root."""
+    steps, arguments, positions, captured = [], [], [], {}
+    trail = []       # names of nodes in visiting order (for shared markers)
+    inputs = iter(enumerate(example_inputs))
+
+    def emit(key, name):
+        label, children = key
+        kind = label[0]
+        if kind == "shared":
+            return ("name", trail[label[1]])
+        if kind == "op":
+            operands = [emit(child, f"{name}_{index}")
+                        for index, child in enumerate(children)]
+            steps.append(Step(name, ROWS_BY_NAME[label[1]], label[2], operands))
+            trail.append(name)
+            return ("name", name)
+        if kind == "output":
+            source = emit(children[0], f"{name}_0")
+            steps.append(Step(name, ACCESS, (label[1],), [source]))
+            return ("name", name)
+        position, value = next(inputs)
+        if kind == "input":
+            trail.append(name)
+            arguments.append(name)
+            positions.append(position)
+        elif kind in ("parameter", "tensor"):
+            captured[name] = value
+        elif kind == "constant":
+            return ("literal", value)
+        else:
+            raise ValueError(f"unknown signature label {label!r}")
+        return ("name", name)
+
+    emit(key, "v")
+    leftover = next(inputs, None)
+    if leftover is not None:
+        raise ValueError("the example's inputs do not fit its signature")
+    return steps, arguments, positions, captured
+
+
+# -- source text ----------------------------------------------------------------
+
+def _source(pattern):
+    pattern._unrenderable = []
+    lines = [f"def {pattern.function_name}({', '.join(pattern.arguments)}):",
+             f'    """Signature {pattern.signature.digest:032x} '
+             f'({pattern.op_count} ops)."""']
+    for name, value in pattern.captured.items():
+        lines.append(f"    # {name}: {_describe_captured(value)}")
+    for step in pattern.steps:
+        lines.append(f"    {step.name} = {_render_call(pattern, step)}")
+    lines.append("    return v")
+    return "\n".join(lines) + "\n"
+
+
+def _describe_captured(value):
+    kind = "tf.Variable" if hasattr(value, "assign") else "tensor"
+    name = getattr(value, "name", None) if kind == "tf.Variable" else None
+    return f"{kind} {name or ''} {tuple(value.shape)} {value.dtype.name}".replace("  ", " ")
+
+
+def _render_call(pattern, step):
+    operands = [name if kind == "name" else repr(name)
+                for kind, name in step.operands]
+    row = step.row
+    if row is ACCESS:
+        return f"{operands[0]}[{step.attrs[0]}]"
+    if row.name.startswith("operator."):
+        return f"{row.name}({', '.join(operands)})"
+    if row.list_input:
+        operands = [f"[{', '.join(operands)}]"]
+    attrs = row.thaw(step.attrs) if row.thaw else step.attrs
+    defaults = _defaults(row)
+    keywords = [
+        f"{name}={_render_value(pattern, value)}"
+        for name, value in zip(row.attr_params, attrs)
+        if not (name in defaults and _same(defaults[name], value))]
+    return f"tf.{row.name}({', '.join(operands + keywords)})"
+
+
+def _defaults(row):
+    defaults = getattr(row, "_defaults", None)
+    if defaults is None:
+        defaults = row._defaults = {
+            p.name: p.default for p in inspect.signature(row.fn).parameters.values()
+            if p.default is not inspect.Parameter.empty}
+    return defaults
+
+
+def _same(default, value):
+    return type(default) is type(value) and default == value
+
+
+def _render_value(pattern, value):
+    """Python source for an attribute: a literal when one reads back exactly,
+    else a named constant of the generated module."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float) and np.isfinite(value):
+        return repr(value)
+    if isinstance(value, tf.DType):
+        return f"tf.{value.name}"
+    if isinstance(value, tuple):
+        inner = ", ".join(_render_value(pattern, item) for item in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, slice):
+        return (f"slice({_render_value(pattern, value.start)}, "
+                f"{_render_value(pattern, value.stop)}, "
+                f"{_render_value(pattern, value.step)})")
+    pattern._unrenderable.append(value)
+    return f"attr_{len(pattern._unrenderable) - 1}"
