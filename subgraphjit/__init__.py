@@ -15,7 +15,7 @@ import tensorflow as _tf
 
 from . import api as _api
 from .api import (GradientTape, access, batching, build, get_parameter,
-                  reset_stats, set_parameter, stats)
+                  patterns, reset_patterns, reset_stats, set_parameter, stats)
 from .patch import namespace as _namespace
 from .patch.node import VirtualNode
 

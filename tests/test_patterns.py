@@ -1,0 +1,206 @@
+"""Frequent-subgraph patterns: found, compiled and substituted, they give
+eager TensorFlow's losses and gradients, never merge different subgraphs and
+never compute a node twice."""
+
+import linecache
+
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as tf
+from subgraphjit import signature as signatures
+from example_models import MODELS
+from test_batching import dense, minibatch_loss_and_gradients
+
+
+@pytest.fixture
+def parameters():
+    """Set parameters for one test; restore them and forget patterns after."""
+    changed = {}
+
+    def set_parameters(**values):
+        for key, value in values.items():
+            changed.setdefault(key, tf.get_parameter(key))
+            tf.set_parameter(key, value)
+        tf.reset_patterns()
+
+    yield set_parameters
+    for key, value in changed.items():
+        tf.set_parameter(key, value)
+    tf.reset_patterns()
+
+
+def assert_matches_eager(model, examples):
+    expected_loss, expected_gradients = minibatch_loss_and_gradients(
+        tensorflow, model, examples)
+    loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    for got, expected in zip(gradients, expected_gradients):
+        np.testing.assert_allclose(dense(got), dense(expected), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("level", signatures.LEVELS)
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_patterns_give_eager_results_at_every_depth(model_name, level, parameters):
+    """Acceptance: every example model, every equivalence level, depth 1-10
+    (collect on one minibatch, then replace in another)."""
+    replaced_somewhere = False
+    for depth in range(1, 11):
+        parameters(granularity="subgraph", collect=1, equivalence=level,
+                   depth=depth, scheduler="agenda")
+        rng = np.random.default_rng(depth)
+        model = MODELS[model_name](rng)
+        assert_matches_eager(model, model.random_examples(rng, 4))   # collect
+        tf.reset_stats()
+        assert_matches_eager(model, model.random_examples(rng, 4))   # replace
+        replaced_somewhere |= tf.stats()["pattern_matches"] > 0
+    assert replaced_somewhere
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_patterns_without_batching(model_name, parameters):
+    """Each replaced node runs its compiled pattern on its own."""
+    parameters(granularity="subgraph", collect=1, scheduler="none")
+    rng = np.random.default_rng(1)
+    model = MODELS[model_name](rng)
+    assert_matches_eager(model, model.random_examples(rng, 4))
+    tf.reset_stats()
+    assert_matches_eager(model, model.random_examples(rng, 4))
+    assert tf.stats()["pattern_matches"] > 0
+
+
+def test_colliding_hashes_never_share_code(parameters, monkeypatch):
+    """Every digest equal: the structural keys alone keep patterns apart."""
+    monkeypatch.setattr(signatures, "digest_of", lambda text: 7)
+    parameters(granularity="subgraph", collect=1)
+    for model_name in ("tree_lstm", "mv_rnn"):
+        tf.reset_patterns()
+        rng = np.random.default_rng(2)
+        model = MODELS[model_name](rng)
+        assert_matches_eager(model, model.random_examples(rng, 4))
+        tf.reset_stats()
+        assert_matches_eager(model, model.random_examples(rng, 4))
+        assert len(tf.patterns()) > 1
+        assert tf.stats()["pattern_matches"] > 0
+
+
+def leaf(*shape):
+    return tf.identity(np.ones(shape, np.float32))
+
+
+def test_a_shared_edge_names_which_node_it_shares():
+    """add(mul(tanh a, tanh b), tanh a) and add(mul(tanh a, tanh b), tanh b):
+    the shared node is equal in structure, not the same node."""
+    signer = signatures.Signer()
+
+    def graph(second):
+        a, b = tf.tanh(leaf(1, 3)), tf.tanh(leaf(1, 3))
+        return tf.add(a * b, a if not second else b)
+
+    assert signer.walk(graph(False), 4).signature != signer.walk(graph(True), 4).signature
+    assert signer.walk(graph(False), 4).signature == signer.walk(graph(False), 4).signature
+
+
+def collect_and_replace(parameters, make_graph, **settings):
+    """Collect on one evaluation of ``make_graph()``, replace in a second;
+    returns the second graph's outputs (evaluated) and the patterns."""
+    parameters(granularity="subgraph", collect=1, **settings)
+    tf.build(make_graph())
+    outputs = make_graph()
+    tf.build(outputs)
+    return outputs, tf.patterns()
+
+
+def test_generated_code_names_a_node_reached_twice_once(parameters):
+    """Thesis figure 5.2: the tanh read by both products is one argument.
+    (It has two consumers, so by section 5.5 it is an input, not inside.)"""
+    rng = np.random.default_rng(0)
+    x_value, c_value = rng.standard_normal((2, 1, 3)).astype(np.float32)
+
+    def diamond():
+        x, c = tf.identity(x_value), tf.identity(c_value)
+        shared = tf.tanh(x)
+        return [(c * shared) + (shared * c)]
+
+    (root,), patterns = collect_and_replace(parameters, diamond, depth=3)
+    expected = (c_value * np.tanh(x_value)) * 2
+    np.testing.assert_allclose(root.numpy(), expected, rtol=1e-6)
+    (pattern,) = patterns
+    assert pattern.arguments == ["v_0_0", "v_0_1"]  # c and the tanh, once each
+    assert "v_1 = operator.mul(v_0_1, v_0_0)" in pattern.source
+    assert pattern.op_count == 3 and pattern.matches == 1
+    assert "def pattern_" in str(pattern) and "3 ops" in str(pattern)
+    # The source is registered, so tracebacks show its lines.
+    filename = f"<subgraphjit {pattern.function_name}>"
+    assert linecache.getline(filename, 1).startswith(f"def {pattern.function_name}(")
+
+
+def test_a_node_used_outside_is_never_inside_a_pattern(parameters):
+    """Thesis section 5.5: ``inner`` has two consumers, so it is an input of
+    the pattern (once), computed outside it, never inside."""
+    rng = np.random.default_rng(0)
+    value = rng.standard_normal((1, 3)).astype(np.float32)
+
+    def graph():
+        inner = tf.exp(tf.identity(value))
+        return [tf.sigmoid(tf.tanh(inner)) + inner * 2.0]
+
+    (top,), patterns = collect_and_replace(parameters, graph, depth=4)
+    (pattern,) = patterns
+    assert pattern.op_count == 4 and pattern.arguments == ["v_0_0_0"]
+    assert "exp" not in pattern.source
+    np.testing.assert_allclose(
+        top.numpy(), 1 / (1 + np.exp(-np.tanh(np.exp(value)))) + np.exp(value) * 2,
+        rtol=1e-6)
+
+
+def test_a_swallowed_node_is_computed_when_asked_for(parameters):
+    """Inside a batching scope only the roots are needed; a node inside a
+    replaced pattern keeps its inputs and is computed if the user asks."""
+    rng = np.random.default_rng(0)
+    value = rng.standard_normal((1, 3)).astype(np.float32)
+    parameters(granularity="subgraph", collect=1, depth=3)
+    for _ in range(2):
+        with tf.batching():
+            inner = tf.tanh(tf.identity(value))
+            top = tf.sigmoid(inner * 3.0)
+    assert tf.stats()["pattern_matches"] >= 1 and not inner.evaluated
+    np.testing.assert_allclose(inner.numpy(), np.tanh(value), rtol=1e-6)
+    np.testing.assert_allclose(top.numpy(), 1 / (1 + np.exp(-3 * np.tanh(value))),
+                               rtol=1e-6)
+
+
+def test_new_batch_sizes_do_not_retrace(parameters):
+    parameters(granularity="subgraph", collect=1, depth=3)
+    weight = tensorflow.Variable(np.eye(3, dtype=np.float32))
+
+    def instances(count):
+        return [tf.sigmoid(tf.matmul(tf.identity(np.full((1, 3), i, np.float32)),
+                                     weight)) * 2.0 for i in range(count)]
+
+    tf.build(instances(2))
+    tf.reset_stats()
+    for count in (3, 5, 8, 13):
+        results = tf.build(instances(count))
+        np.testing.assert_allclose(
+            results[-1].numpy(), 2 / (1 + np.exp(-np.full((1, 3), count - 1.0))),
+            rtol=1e-6)
+    stats = tf.stats()
+    assert stats["pattern_matches"] == 3 + 5 + 8 + 13
+    assert stats["pattern_traces"] == 1  # the batched function, traced once
+
+
+def test_statistics_collect_then_replace(parameters):
+    parameters(granularity="subgraph", collect=2, freq=1)
+    rng = np.random.default_rng(0)
+    model = MODELS["tree_gru"](rng)
+    for _ in range(2):
+        assert_matches_eager(model, model.random_examples(rng, 3))
+        assert tf.patterns() == [] or _ == 1
+    assert tf.patterns()
+    tf.reset_stats()
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    stats = tf.stats()
+    assert stats["pattern_matches"] > 0 and stats["search_seconds"] > 0
+    assert stats["patterns"] == len(tf.patterns())
