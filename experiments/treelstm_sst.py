@@ -1,13 +1,17 @@
-"""Train the Tree-LSTM on SST with plain eager TensorFlow and with subgraphjit.
+"""Train the Tree-LSTM on SST with plain eager TensorFlow and with subgraphjit,
+without and with frequent-subgraph patterns.
 
-Both backends start from the same weights and see the same minibatches, so
+Every backend starts from the same weights and sees the same minibatches, so
 their losses must agree; the script prints a per-minibatch time breakdown in
-the style of the thesis's Table 6.4 (DAG construction, execution, backward,
-update), the speedup of subgraphjit over eager TensorFlow, the largest loss
-difference between the two, and dev accuracy.
+the style of the thesis's Table 6.4 (DAG construction, optimization (pattern
+search), execution, backward, update), the speedups, the largest loss
+difference from eager TensorFlow, and dev accuracy.
 
-    python experiments/treelstm_sst.py                 # both backends
-    python experiments/treelstm_sst.py --backend subgraphjit --steps 100
+The first ``collect + 1`` minibatches are not timed, for any backend: with
+patterns they collect statistics and compile the patterns.
+
+    python experiments/treelstm_sst.py                 # all three backends
+    python experiments/treelstm_sst.py --backend patterns --steps 100
 """
 
 import argparse
@@ -25,19 +29,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
 
-COLUMNS = ("construction", "execution", "backward", "update")
+COLUMNS = ("construction", "optimization", "execution", "backward", "update")
+BACKENDS = ("tensorflow", "subgraphjit", "patterns")
 
 
 def parse_arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=("both", "tensorflow", "subgraphjit"),
-                        default="both")
+    parser.add_argument("--backend", choices=("all",) + BACKENDS, default="all",
+                        help="'subgraphjit' batches single ops; 'patterns' "
+                             "batches compiled frequent subgraphs")
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--train-limit", type=int, default=2000,
                         help="use the first N training trees")
-    parser.add_argument("--steps", type=int, default=20,
-                        help="minibatches to train (the first is warm-up, "
-                             "not timed)")
+    parser.add_argument("--steps", type=int, default=24,
+                        help="minibatches to train (the first collect + 1 "
+                             "are warm-up, not timed)")
     parser.add_argument("--embedding", type=int, default=300)
     parser.add_argument("--hidden", type=int, default=150)
     parser.add_argument("--fine-grained", action="store_true",
@@ -47,6 +53,8 @@ def parse_arguments(argv=None):
                              "accuracy; 0 skips it")
     parser.add_argument("--scheduler", default="agenda",
                         help="subgraphjit's scheduler (agenda, depth, none)")
+    parser.add_argument("--depth", type=int, default=8, help="P_Depth")
+    parser.add_argument("--collect", type=int, default=3, help="P_Collect")
     parser.add_argument("--threads", type=int, default=1,
                         help="TensorFlow intra- and inter-op threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -63,7 +71,8 @@ def minibatches(trees, batch_size, steps, seed):
 
 
 def train(tf, arguments, batches, vocabulary, classes, name):
-    """Train one backend; returns per-step losses, timings and the model."""
+    """Train one backend; returns the model, per-step losses and the timings
+    of the timed steps."""
     model = TreeLSTM(tf, len(vocabulary), classes, arguments.embedding,
                      arguments.hidden, seed=arguments.seed)
     optimizer = tf.keras.optimizers.Adagrad(learning_rate=0.05)
@@ -76,7 +85,9 @@ def train(tf, arguments, batches, vocabulary, classes, name):
             loss = tf.add_n([model.loss(tree, vocabulary) for tree in batch]) / len(batch)
             constructed = time.perf_counter()
             if lazy:
+                searched_before = tf.stats()["search_seconds"]
                 loss = tf.build(loss)
+                searching = tf.stats()["search_seconds"] - searched_before
             executed = time.perf_counter()
         gradients = tape.gradient(loss, model.variables)
         differentiated = time.perf_counter()
@@ -84,11 +95,12 @@ def train(tf, arguments, batches, vocabulary, classes, name):
         updated = time.perf_counter()
         losses.append(float(loss))
         if lazy:
-            timing = (constructed - started, executed - constructed)
+            timing = (constructed - started, searching,
+                      executed - constructed - searching)
         else:  # eager: building the graph is running it
-            timing = (0.0, executed - started)
+            timing = (0.0, 0.0, executed - started)
         timings.append(timing + (differentiated - executed, updated - differentiated))
-    return model, np.array(losses), np.array(timings[1:])
+    return model, np.array(losses), np.array(timings[arguments.collect + 1:])
 
 
 def accuracy(tf, model, trees, vocabulary, batch_size):
@@ -134,18 +146,25 @@ def main(argv=None):
           f"embedding {arguments.embedding}, hidden {arguments.hidden}, "
           f"{arguments.threads} thread(s)")
 
-    names = (["tensorflow", "subgraphjit"] if arguments.backend == "both"
-             else [arguments.backend])
-    results = {}
+    if arguments.steps <= arguments.collect + 1:
+        raise SystemExit(f"--steps must exceed collect + 1 = {arguments.collect + 1} "
+                         "(those minibatches are not timed)")
+    names = list(BACKENDS) if arguments.backend == "all" else [arguments.backend]
+    results, statistics = {}, {}
     for name in names:
-        tf = importlib.import_module(name)
-        if name == "subgraphjit":
+        tf = importlib.import_module("tensorflow" if name == "tensorflow"
+                                     else "subgraphjit")
+        if name != "tensorflow":
             tf.set_parameter("scheduler", arguments.scheduler)
+            tf.set_parameter("granularity", "subgraph" if name == "patterns" else "op")
+            tf.set_parameter("depth", arguments.depth)
+            tf.set_parameter("collect", arguments.collect)
+            tf.reset_patterns()
             tf.reset_stats()
         model, losses, timings = train(tf, arguments, batches, vocabulary,
                                        classes, name)
-        if name == "subgraphjit":
-            statistics = tf.stats()
+        if name != "tensorflow":
+            statistics[name] = tf.stats()
         dev = (accuracy(tf, model, dev_trees, vocabulary, arguments.batch_size)
                if dev_trees else None)
         results[name] = (losses, timings, dev)
@@ -161,26 +180,35 @@ def main(argv=None):
     print_table(rows, ["backend", *COLUMNS, "total", "sentences/s",
                        "last loss", "dev acc"])
 
-    if len(results) == 2:
-        eager, lazy = (results[name][1].mean(axis=0) for name in names)
-        print("\nSpeedup of subgraphjit over eager TensorFlow (eager / subgraphjit):")
-        forward_eager, forward_lazy = eager[:2].sum(), lazy[:2].sum()
-        print_table([[f"{forward_eager / forward_lazy:.2f}x",
-                      f"{eager[2] / lazy[2]:.2f}x",
-                      f"{eager.sum() / lazy.sum():.2f}x"]],
-                    ["forward (construction + execution)", "backward", "end to end"])
-        difference = np.max(np.abs(results[names[0]][0] - results[names[1]][0]))
-        print(f"\nLargest per-step loss difference between the backends: "
-              f"{difference:.2e}")
-    if "subgraphjit" in results:
-        print("\nsubgraphjit statistics over the run:")
-        sizes = statistics.pop("batch_sizes")
+    comparisons = [(slow, fast) for slow, fast in (
+        ("tensorflow", "subgraphjit"), ("tensorflow", "patterns"),
+        ("subgraphjit", "patterns")) if slow in results and fast in results]
+    if comparisons:
+        print("\nSpeedups (time of the first / time of the second):")
+        rows = []
+        for slow, fast in comparisons:
+            before, after = (results[name][1].mean(axis=0) for name in (slow, fast))
+            rows.append([f"{fast} over {slow}",
+                         f"{before[2] / after[2]:.2f}x",
+                         f"{before[:3].sum() / after[:3].sum():.2f}x",
+                         f"{before[3] / after[3]:.2f}x",
+                         f"{before.sum() / after.sum():.2f}x"])
+        print_table(rows, ["", "execution", "forward", "backward", "end to end"])
+    if "tensorflow" in results:
+        for name in results:
+            if name != "tensorflow":
+                difference = np.max(np.abs(results["tensorflow"][0] - results[name][0]))
+                print(f"Largest per-step loss difference, {name} vs eager "
+                      f"TensorFlow: {difference:.2e}")
+    for name, numbers in statistics.items():
+        print(f"\n{name} statistics over the run:")
+        sizes = numbers.pop("batch_sizes")
         if sizes:
             launches = sum(sizes.values())
-            statistics["batch_sizes"] = (
+            numbers["batch_sizes"] = (
                 f"mean {sum(k * v for k, v in sizes.items()) / launches:.1f}, "
                 f"largest {max(sizes)}, {sizes.get(1, 0)} of {launches} of size 1")
-        for key, value in statistics.items():
+        for key, value in numbers.items():
             if isinstance(value, float):
                 value = f"{value:.3f}"
             print(f"  {key}: {value}")

@@ -12,9 +12,9 @@ pattern, wired to the subgraph's inputs (section 4.6); the search goes on
 from those inputs.  A node that matches nothing is passed by, and the search
 goes on from its operands, so a pattern may start anywhere.
 
-Nothing is computed twice (section 5.5): a node with more than one consumer,
-or one the caller asked for, is never inside a subgraph, only its root or an
-input.  A node swallowed by a pattern is not evaluated; it keeps its inputs,
+Nothing is computed twice (section 5.5): a node with more than one consumer
+(ever recorded), or one the caller asked for, is never inside a subgraph,
+only its root or an input.  A node swallowed by a pattern is not evaluated; it keeps its inputs,
 so if the user asks for its value later it is computed then.
 
 An *input* (the unit of ``freq``) is one root of an evaluated DAG: a node
@@ -25,11 +25,11 @@ is one input.
 import collections
 import time
 
-from .codegen import Pattern
+from .codegen import ROWS_BY_NAME, Pattern
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import ACCESS
-from .signature import Signer, has_value_operand
+from .signature import Signer, Template, has_value_operand
 
 
 class PatternSearch:
@@ -46,7 +46,7 @@ class PatternSearch:
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
         self.patterns = None     # signature -> Pattern, once collection ends
-        self.root_labels = set()
+        self.templates = {}      # root op-table row -> [(Template, Pattern)]
         context.patterns = {}
 
     @property
@@ -63,17 +63,11 @@ class PatternSearch:
             self.settings = settings
             self.reset()
         depth, level = settings[0], settings[1]
-        consumers = collections.Counter()
-        for node in nodes:
-            for operand in node.inputs:
-                if type(operand) is VirtualNode:
-                    consumers[operand.id] += 1
         required = {node.id for node in required if type(node) is VirtualNode}
+        # Roots: what nothing else consumes, and what the caller asked for.
         roots = [node for node in nodes
-                 if node.id in required or not consumers[node.id]]
-        boundaries = {node_id for node_id, count in consumers.items() if count > 1}
-        boundaries |= required
-        signer = Signer(level, boundaries, values_stop=True)
+                 if not node.consumers or node.id in required]
+        signer = Signer(level, for_patterns=True, required=required)
         if self.collecting:
             self._collect(roots, signer, depth)
             self.minibatches += 1
@@ -108,25 +102,29 @@ class PatternSearch:
             if not pattern.arguments:  # nothing per instance: nothing to batch
                 continue
             self.patterns[signature] = context.patterns[signature] = pattern
-            self.root_labels.add(signature.key[0])
+            template = Template(signature.key, ROWS_BY_NAME, signature)
+            self.templates.setdefault(template.detail, []).append((template, pattern))
+        for candidates in self.templates.values():  # the largest first
+            candidates.sort(key=lambda candidate: -candidate[1].op_count)
         self.examples = {}
 
     # -- stage 2 -----------------------------------------------------------------
     def _replace(self, roots, signer, depth):
-        patterns, root_labels = self.patterns, self.root_labels
-        label_of = signer.label
+        templates = self.templates
         swallowed = context.swallowed
         kept = []
         matches = 0
+        match = signer.match
         for node, walk in _queue_search(roots):
             kept.append(node)
-            if (node.row is ACCESS or label_of(node) not in root_labels
-                    or has_value_operand(node)):
-                walk(node.inputs)
-                continue
-            found = signer.walk(node, depth)
-            pattern = patterns.get(found.signature)
-            if pattern is None:
+            candidates = templates.get(node.row)
+            found = None
+            if candidates and not has_value_operand(node):
+                for template, pattern in candidates:
+                    found = match(node, depth, template)
+                    if found is not None:
+                        break
+            if found is None:
                 walk(node.inputs)
                 continue
             arguments = tuple(found.inputs[position]

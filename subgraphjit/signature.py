@@ -20,10 +20,11 @@ nodes do too, and code generation names the node once.
 
 Section 5.5 keeps optimized subgraphs from computing anything twice: a node
 with more than one consumer may only be the root or an input of a subgraph.
-A ``Signer`` given those nodes as ``boundaries`` stops at them.  With
-``values_stop`` it also stops at nodes fed a NumPy or list operand: such
-a value's dtype is decided by the op that meets it (``x * np.float64(2)`` is
-float32 when x is), so it cannot become an argument of compiled code.
+A ``Signer`` made ``for_patterns`` stops at them (counting every consumer
+ever recorded), at the ``required`` nodes the caller needs values of, and at
+nodes fed a NumPy or list operand: such a value's dtype is decided by the op
+that meets it (``x * np.float64(2)`` is float32 when x is), so it cannot
+become an argument of compiled code.
 
 A ``Signature`` is a value with two parts: a 128-bit xxhash digest that finds
 candidates fast, and the structural key it was hashed from, which decides
@@ -89,16 +90,17 @@ class Signer:
     dtype alone -- the thesis's constant leaf -- so the widest sharing.
     """
 
-    def __init__(self, level="signature", boundaries=frozenset(),
-                 values_stop=False):
+    def __init__(self, level="signature", for_patterns=False, required=frozenset()):
         if level not in LEVELS:
             raise ValueError(f"unknown equivalence level {level!r}; "
                              f"choose one of {LEVELS}")
         self.level = level
-        self.boundaries = boundaries  # ids of nodes walks stop at (not roots)
-        self.values_stop = values_stop
+        self.for_patterns = for_patterns
+        self.required = required      # ids of nodes walks stop at (not roots)
         self._memo = {}
         self._labels = {}
+        self._spec_labels = {}
+        self._input_labels = {}
         self.nodes_hashed = 0  # label hashes computed: the work done
 
     def walk(self, root, depth):
@@ -157,12 +159,17 @@ class Signer:
             if not node.inputs:
                 return True
             source = node.inputs[0]
-            return (source.id in self.boundaries or depth == 0
-                    or not source.inputs) and source.id not in walk.visited
+            return (depth == 0 or not source.inputs
+                    or self.for_patterns and self._outside(source)
+                    ) and source.id not in walk.visited
         if node is walk.root:
             return not node.inputs
-        return (depth == 0 or not node.inputs or node.id in self.boundaries
-                or (self.values_stop and has_value_operand(node)))
+        return (depth == 0 or not node.inputs
+                or self.for_patterns and (self._outside(node) or has_value_operand(node)))
+
+    def _outside(self, node):
+        """Must ``node`` stay outside any pattern but as its root (5.5)?"""
+        return node.consumers > 1 or node.id in self.required
 
     # -- labels and leaves -----------------------------------------------------
     def _label(self, node):
@@ -178,25 +185,100 @@ class Signer:
 
     label = _label  # the root label of a walk from ``node``
 
+    # -- matching a known signature ----------------------------------------------
+    def match(self, root, depth, template):
+        """The walk from ``root`` if its signature's key equals the
+        template's (see ``Template``), else None.  It compares structure
+        top-down and stops at the first difference, hashing nothing: the
+        cheap way to find known patterns."""
+        walk = _WalkState(root)
+        return Walk(template.signature, walk.inputs, walk.nodes) \
+            if self._match(root, depth, template, walk) else None
+
+    def _match(self, node, depth, template, walk):
+        # Written for speed (it runs for every node of every minibatch once
+        # patterns are known); ``_signature`` is the specification, and a
+        # property test checks the two agree.
+        kind = template.kind
+        ordinal = walk.visited.get(node.id)
+        if ordinal is not None:
+            return kind == "shared" and template.detail == ordinal[0]
+        row, inputs = node.row, node.inputs
+        if row is ACCESS:
+            if self._stops_at(node, depth, walk):
+                return kind == "input" and self._match_input(node, template, walk)
+            return (kind == "output" and template.detail == node.attrs[0]
+                    and self._match(inputs[0], depth, template.children[0], walk))
+        if depth == 0 or not inputs or (
+                node is not walk.root and self.for_patterns
+                and (node.consumers > 1 or node.id in self.required)):
+            return kind == "input" and self._match_input(node, template, walk)
+        if kind != "op":
+            # The signer stops at a node fed a NumPy or list value too.
+            return (kind == "input" and self.for_patterns
+                    and has_value_operand(node)
+                    and self._match_input(node, template, walk))
+        attrs = node.attrs
+        if (row is not template.detail or attrs != template.attrs
+                or len(inputs) != template.arity
+                or (attrs and tuple(map(type, attrs)) != template.attr_types)
+                or (self._spec_labels.get(node.spec) or self._spec_label(node.spec))
+                != template.spec_label):
+            return False
+        for operand, child in zip(inputs, template.children):
+            if type(operand) is VirtualNode:
+                if not self._match(operand, depth - 1, child, walk):
+                    return False
+            elif self._operand_label(operand) != child.label:
+                return False
+            else:
+                walk.inputs.append(operand)
+        walk.visited[node.id] = (len(walk.trail), None)
+        walk.trail.append(None)
+        walk.nodes.append(node)
+        return True
+
+    def _match_input(self, node, template, walk):
+        if (self._input_labels.get(node.spec) or self._boundary_label(node)) \
+                != template.label:
+            return False
+        walk.visited[node.id] = (len(walk.trail), None)
+        walk.trail.append(None)
+        walk.inputs.append(node)
+        return True
+
+    def _spec_label(self, spec):
+        """The spec part of a node's label, cached per (interned) spec."""
+        found = self._spec_labels.get(spec)
+        if found is None:
+            found = self._spec_labels[spec] = _describe_spec(spec, self.level == "shape")
+        return found
+
     def _boundary(self, node):
-        spec = node.spec
-        if self.level == "signature":
-            return self._combine(("input", _dtypes(spec)), ())
-        return self._combine(("input", _describe_spec(spec, self.level == "shape")), ())
+        return self._combine(self._boundary_label(node), ())
+
+    def _boundary_label(self, node):
+        found = self._input_labels.get(node.spec)
+        if found is None:
+            found = self._input_labels[node.spec] = ("input", self._spec_label(node.spec))
+        return found
 
     def _operand(self, operand):
+        return self._combine(self._operand_label(operand), ())
+
+    def _operand_label(self, operand):
         if is_variable(operand):
             # The identity of a shared parameter: W and U never share code.
-            return self._combine(("parameter", id(operand)), ())
+            return ("parameter", id(operand))
         if type(operand) in (int, float, bool):
-            return self._combine(("constant", type(operand).__name__, operand), ())
+            return ("constant", type(operand).__name__, operand)
         if isinstance(operand, tf.Tensor):
-            return self._combine(("tensor", id(operand)), ())
+            return ("tensor", id(operand))
         operand_spec = spec_of_foreign(operand)
         kind = operand_spec.python_type or operand_spec.dtype
         if self.level == "shape":
-            return self._combine(("value", kind, operand_spec.shape), ())
-        return self._combine(("value", kind), ())
+            return ("value", kind, operand_spec.shape)
+        return ("value", kind)
 
     def _combine(self, label, children):
         self.nodes_hashed += 1
@@ -204,6 +286,29 @@ class Signer:
         text = repr(label).encode() + b"".join(
             child.digest.to_bytes(16, "little") for child in children)
         return Signature(digest_of(text), key)
+
+
+class Template:
+    """A signature's key as a tree to match nodes against (``Signer.match``):
+    ``kind`` is ``op``, ``output``, ``shared`` or a leaf kind; ``detail`` the
+    op-table row, the output index or the shared node's position."""
+
+    __slots__ = ("signature", "key", "kind", "label", "detail", "attrs",
+                 "attr_types", "spec_label", "arity", "children")
+
+    def __init__(self, key, rows, signature=None):
+        self.signature = signature
+        self.key = key
+        label, children = key
+        self.kind = label[0]
+        self.label = label
+        self.detail = (rows[label[1]] if self.kind == "op"
+                       else label[1] if self.kind in ("output", "shared") else None)
+        self.attrs = label[2] if self.kind == "op" else None
+        self.attr_types = label[3] if self.kind == "op" else None
+        self.spec_label = label[4] if self.kind == "op" else None
+        self.children = [Template(child, rows) for child in children]
+        self.arity = len(self.children)
 
 
 def has_value_operand(node):

@@ -10,6 +10,8 @@ import tensorflow
 
 import subgraphjit as tf
 from subgraphjit import signature as signatures
+from subgraphjit.codegen import ROWS_BY_NAME
+from subgraphjit.evaluate import unevaluated_ancestors
 from example_models import MODELS
 from test_batching import dense, minibatch_loss_and_gradients
 
@@ -204,3 +206,28 @@ def test_statistics_collect_then_replace(parameters):
     stats = tf.stats()
     assert stats["pattern_matches"] > 0 and stats["search_seconds"] > 0
     assert stats["patterns"] == len(tf.patterns())
+
+
+@pytest.mark.parametrize("level", signatures.LEVELS)
+def test_matching_agrees_with_signatures(level):
+    """``Signer.match`` (fast, top-down) finds a template exactly where the
+    signer's walk (the specification) gives the template's key."""
+    rng = np.random.default_rng(5)
+    for model_name in sorted(MODELS):
+        model = MODELS[model_name](rng)
+        with tf.batching():
+            roots = [model.loss(tf, example) for example in model.random_examples(rng, 2)]
+            nodes = [node for node in unevaluated_ancestors(roots)
+                     if node.row.name != "access"]
+            for depth in (1, 2, 4, 8):
+                signer = signatures.Signer(level, for_patterns=True)
+                walks = [signer.walk(node, depth) for node in nodes]
+                keys = list({walk.signature.key: walk.signature for walk in walks}.items())
+                for key, signature in keys[:6]:
+                    template = signatures.Template(key, ROWS_BY_NAME, signature)
+                    for node, walk in zip(nodes, walks):
+                        found = signer.match(node, depth, template)
+                        assert (found is not None) == (walk.signature.key == key)
+                        if found is not None:
+                            assert [id(x) for x in found.inputs] == [id(x) for x in walk.inputs]
+                            assert found.nodes == walk.nodes

@@ -29,7 +29,7 @@ class VirtualNode:
     """
 
     __slots__ = ("id", "row", "inputs", "attrs", "spec", "result", "site",
-                 "meta", "batch", "batch_row", "__weakref__")
+                 "consumers", "batch", "batch_row", "__weakref__")
 
     # tf.is_tensor() and Keras treat tensor-like objects as tensors.
     is_tensor_like = True
@@ -44,7 +44,7 @@ class VirtualNode:
         self.spec = spec
         self.result = None
         self.site = site
-        self.meta = None
+        self.consumers = 0      # nodes recorded with this one as an operand
         self.batch = None       # a batched result holding this node's value
         self.batch_row = None   # ... as this row of ``batch``
 

@@ -64,6 +64,7 @@ def record(row, inputs, attrs):
     for operand in inputs:
         if type(operand) is VirtualNode:
             key.append(operand.spec)
+            operand.consumers += 1
         else:
             key.append(spec_of_foreign(operand))
     key = tuple(key)
@@ -90,6 +91,7 @@ def _access(node, index, site):
     """Output ``index`` of a multi-output node (the thesis's ``access``)."""
     output = VirtualNode(next(node_ids), ACCESS, (node,), (index,),
                          node.spec[index], site)
+    node.consumers += 1
     if context.pending is not None:
         context.pending.append(output)
     return output
