@@ -127,8 +127,11 @@ def print_table(rows, headers):
 def main(argv=None):
     arguments = parse_arguments(argv)
     import tensorflow
-    tensorflow.config.threading.set_intra_op_parallelism_threads(arguments.threads)
-    tensorflow.config.threading.set_inter_op_parallelism_threads(arguments.threads)
+    try:
+        tensorflow.config.threading.set_intra_op_parallelism_threads(arguments.threads)
+        tensorflow.config.threading.set_inter_op_parallelism_threads(arguments.threads)
+    except RuntimeError:  # run again in one process (subgraphjit tune)
+        pass
 
     binary = not arguments.fine_grained
     train_trees = sst.load_split("train", limit=arguments.train_limit, binary=binary)

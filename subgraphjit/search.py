@@ -37,6 +37,7 @@ class PatternSearch:
 
     def __init__(self):
         self.settings = None
+        self.on_collected = None  # called with self when collection ends
         self.reset()
 
     def reset(self):
@@ -106,6 +107,8 @@ class PatternSearch:
             self.templates.setdefault(template.detail, []).append((template, pattern))
         for candidates in self.templates.values():  # the largest first
             candidates.sort(key=lambda candidate: -candidate[1].op_count)
+        if self.on_collected is not None:
+            self.on_collected(self)
         self.examples = {}
 
     # -- stage 2 -----------------------------------------------------------------

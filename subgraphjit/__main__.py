@@ -1,0 +1,5 @@
+"""``python -m subgraphjit``: the same as the ``subgraphjit`` command."""
+
+from .cli import main
+
+main()
