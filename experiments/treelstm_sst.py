@@ -145,7 +145,8 @@ def main(argv=None):
                           arguments.seed)
     print(f"SST {'binary' if binary else 'fine-grained'}: {len(train_trees)} "
           f"training trees, vocabulary {len(vocabulary)}, batch "
-          f"{arguments.batch_size}, {arguments.steps} steps (first untimed), "
+          f"{arguments.batch_size}, {arguments.steps} steps (first "
+          f"{arguments.collect + 1} untimed), depth {arguments.depth}, "
           f"embedding {arguments.embedding}, hidden {arguments.hidden}, "
           f"{arguments.threads} thread(s)")
 

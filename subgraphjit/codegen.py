@@ -30,6 +30,7 @@ import operator
 import numpy as np
 import tensorflow as tf
 
+from .batch.rules import NoRule, rule_for
 from .context import context
 from .patch import spec as specs
 from .patch.record import ACCESS, OpRow, infer_spec
@@ -96,7 +97,6 @@ class Pattern:
         """The pattern on every instance at once: ``stacked[i]`` holds argument
         i of all instances along axis 0.  Raises NoRule when an op of the
         pattern has no batch rule for these operands."""
-        from .batch.rules import NoRule
         key = tuple((value.dtype, tuple(value.shape[1:])) for value in stacked)
         compiled = self._batched.get(key)
         if compiled is None:
@@ -128,7 +128,6 @@ class Pattern:
     def _propagate_specs(self, argument_specs):
         """Each line's per-instance output spec for these argument specs, and
         the specs of lines computed from shared values alone."""
-        from .batch.rules import NoRule
         per_instance = dict(zip(self.arguments, argument_specs))
         shared = {}
         for step in self.steps:
@@ -158,7 +157,6 @@ class Pattern:
         return self.captured[value]
 
     def _batched_body(self, instance_specs):
-        from .batch.rules import NoRule, rule_for
         steps, arguments, captured = self.steps, self.arguments, self.captured
 
         def run_batched(*stacked):

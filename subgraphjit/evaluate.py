@@ -105,6 +105,10 @@ def debug_summary(before, after, nodes, launches, seconds):
         f"{grew('execute_seconds') * 1e3:.1f} ms, duplicates skipped "
         f"{grew('duplicates_skipped')}",
     ]
+    if grew("search_seconds"):
+        lines.append(f"  patterns: {grew('pattern_matches')} nodes replaced by "
+                     f"{after['patterns']} patterns, search "
+                     f"{grew('search_seconds') * 1e3:.1f} ms")
     if after["lower_bound"] is not None:
         lines.append(f"  lower bound {grew('lower_bound')} launches")
     if sizes:

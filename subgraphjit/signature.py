@@ -183,8 +183,6 @@ class Signer:
             self._labels[label_key] = label
         return label
 
-    label = _label  # the root label of a walk from ``node``
-
     # -- matching a known signature ----------------------------------------------
     def match(self, root, depth, template):
         """The walk from ``root`` if its signature's key equals the
