@@ -36,7 +36,7 @@ def reset_stats():
 def patterns():
     """The frequent subgraphs found so far (empty while collecting), most
     matched first; ``print(p)`` shows a pattern's signature, counts and code."""
-    return sorted(SEARCH.patterns.values() if SEARCH.patterns else (),
+    return sorted((context.patterns or {}).values(),
                   key=lambda pattern: (-pattern.matches, pattern.number))
 
 

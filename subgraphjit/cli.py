@@ -76,9 +76,8 @@ def collect_once(script, script_arguments, depth, arguments):
     subgraphjit.reset_patterns()
     found = {}
 
-    def stop(search):
-        patterns = list(search.patterns.values())
-        found["patterns"] = patterns
+    def stop(patterns):
+        found["patterns"] = list(patterns.values())
         raise CollectionDone
 
     SEARCH.on_collected = stop

@@ -34,7 +34,7 @@ from .batch.rules import NoRule, rule_for
 from .context import context
 from .patch import spec as specs
 from .patch.record import ACCESS, OpRow, infer_spec
-from .patch.table import ALL_ROWS
+from .patch.table import ALL_ROWS, GETITEM
 
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 _pattern_numbers = itertools.count(1)
@@ -61,13 +61,13 @@ class Pattern:
         (self.steps, self.arguments, self.argument_positions,
          self.captured) = _steps(signature.key, example_inputs)
         self.op_count = sum(step.row is not ACCESS for step in self.steps)
-        self.source = _source(self)
+        self.source, unrenderable = _source(self)
         filename = f"<subgraphjit {self.function_name}>"
         linecache.cache[filename] = (len(self.source), None,
                                      self.source.splitlines(True), filename)
         namespace = {"tf": tf, "operator": operator, **self.captured,
                      **{f"attr_{index}": value for index, value in
-                        enumerate(self._unrenderable)}}
+                        enumerate(unrenderable)}}
         exec(compile(self.source, filename, "exec"), namespace)
         self.function = namespace[self.function_name]
         self._compiled = {}      # per-instance argument specs -> tf.function
@@ -254,16 +254,18 @@ def _steps(key, example_inputs):
 # -- source text ----------------------------------------------------------------
 
 def _source(pattern):
-    pattern._unrenderable = []
+    """The pattern's source, and the attribute values it names ``attr_<i>``
+    because they have no literal form."""
+    unrenderable = []
     lines = [f"def {pattern.function_name}({', '.join(pattern.arguments)}):",
              f'    """Signature {pattern.signature.digest:032x} '
              f'({pattern.op_count} ops)."""']
     for name, value in pattern.captured.items():
         lines.append(f"    # {name}: {_describe_captured(value)}")
     for step in pattern.steps:
-        lines.append(f"    {step.name} = {_render_call(pattern, step)}")
+        lines.append(f"    {step.name} = {_render_call(step, unrenderable)}")
     lines.append("    return v")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", unrenderable
 
 
 def _describe_captured(value):
@@ -272,20 +274,22 @@ def _describe_captured(value):
     return f"{kind} {name or ''} {tuple(value.shape)} {value.dtype.name}".replace("  ", " ")
 
 
-def _render_call(pattern, step):
+def _render_call(step, unrenderable):
     operands = [name if kind == "name" else repr(name)
                 for kind, name in step.operands]
     row = step.row
+    attrs = row.thaw(step.attrs) if row.thaw else step.attrs
     if row is ACCESS:
         return f"{operands[0]}[{step.attrs[0]}]"
+    if row is GETITEM:
+        return f"{operands[0]}[{_render_value(attrs[0], unrenderable)}]"
     if row.name.startswith("operator."):
         return f"{row.name}({', '.join(operands)})"
     if row.list_input:
         operands = [f"[{', '.join(operands)}]"]
-    attrs = row.thaw(step.attrs) if row.thaw else step.attrs
     defaults = _defaults(row)
     keywords = [
-        f"{name}={_render_value(pattern, value)}"
+        f"{name}={_render_value(value, unrenderable)}"
         for name, value in zip(row.attr_params, attrs)
         if not (name in defaults and _same(defaults[name], value))]
     return f"tf.{row.name}({', '.join(operands + keywords)})"
@@ -304,7 +308,7 @@ def _same(default, value):
     return type(default) is type(value) and default == value
 
 
-def _render_value(pattern, value):
+def _render_value(value, unrenderable):
     """Python source for an attribute: a literal when one reads back exactly,
     else a named constant of the generated module."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -314,11 +318,11 @@ def _render_value(pattern, value):
     if isinstance(value, tf.DType):
         return f"tf.{value.name}"
     if isinstance(value, tuple):
-        inner = ", ".join(_render_value(pattern, item) for item in value)
+        inner = ", ".join(_render_value(item, unrenderable) for item in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if isinstance(value, slice):
-        return (f"slice({_render_value(pattern, value.start)}, "
-                f"{_render_value(pattern, value.stop)}, "
-                f"{_render_value(pattern, value.step)})")
-    pattern._unrenderable.append(value)
-    return f"attr_{len(pattern._unrenderable) - 1}"
+        return (f"slice({_render_value(value.start, unrenderable)}, "
+                f"{_render_value(value.stop, unrenderable)}, "
+                f"{_render_value(value.step, unrenderable)})")
+    unrenderable.append(value)
+    return f"attr_{len(unrenderable) - 1}"

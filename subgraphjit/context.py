@@ -9,7 +9,8 @@ Thesis section 5.1 names four duties; here is where each one lives:
   evaluation scopes (``tf.batching()``, ``tf.GradientTape()``) until they close.
   Once a node is evaluated it drops its inputs, so nothing recorded outlives the
   user's references to it.
-* frequent patterns -- ``patterns`` (filled by the optimizer, empty until then).
+* frequent patterns -- ``patterns`` (signature -> Pattern, set by the
+  optimizer when its collection stage ends; None until then).
 * sessions -- ``session`` counts evaluations, so a pass can tag what it visited.
 * parameters -- ``set_parameter`` / ``get_parameter``, validated against
   ``PARAMETERS``, with ``SUBGRAPHJIT_<KEY>`` environment variables as defaults.
@@ -122,7 +123,7 @@ class Context:
         self.scopes = []
         self.pending = None
         self.collector_was_on = True
-        self.patterns = {}
+        self.patterns = None
         # Ids of nodes inside a replaced pattern, computed only on demand:
         # closing scopes skip them.
         self.swallowed = set()

@@ -14,8 +14,9 @@ goes on from its operands, so a pattern may start anywhere.
 
 Nothing is computed twice (section 5.5): a node with more than one consumer
 (ever recorded), or one the caller asked for, is never inside a subgraph,
-only its root or an input.  A node swallowed by a pattern is not evaluated; it keeps its inputs,
-so if the user asks for its value later it is computed then.
+only its root or an input.  A node swallowed by a pattern is not evaluated;
+it keeps its inputs, so if the user asks for its value later it is computed
+then.
 
 An *input* (the unit of ``freq``) is one root of an evaluated DAG: a node
 nothing else consumes.  When one loss sums a whole minibatch, the minibatch
@@ -37,7 +38,7 @@ class PatternSearch:
 
     def __init__(self):
         self.settings = None
-        self.on_collected = None  # called with self when collection ends
+        self.on_collected = None  # called with the patterns when collection ends
         self.reset()
 
     def reset(self):
@@ -46,13 +47,8 @@ class PatternSearch:
         self.counts = collections.Counter()
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
-        self.patterns = None     # signature -> Pattern, once collection ends
         self.templates = {}      # root op-table row -> [(Template, Pattern)]
-        context.patterns = {}
-
-    @property
-    def collecting(self):
-        return self.patterns is None
+        context.patterns = None  # signature -> Pattern, once collection ends
 
     def optimize(self, nodes, required):
         """Collect from, or replace patterns in, the nodes of one evaluation
@@ -69,7 +65,7 @@ class PatternSearch:
         roots = [node for node in nodes
                  if not node.consumers or node.id in required]
         signer = Signer(level, for_patterns=True, required=required)
-        if self.collecting:
+        if context.patterns is None:  # stage 1
             self._collect(roots, signer, depth)
             self.minibatches += 1
             self.inputs += len(roots)
@@ -94,7 +90,7 @@ class PatternSearch:
 
     def _select(self, freq):
         """Keep the signatures seen ``freq`` times per input or more."""
-        self.patterns = {}
+        patterns = {}
         inputs = max(self.inputs, 1)
         for signature, count in self.counts.items():
             if count / inputs < freq or self.op_counts[signature] < 2:
@@ -102,14 +98,15 @@ class PatternSearch:
             pattern = Pattern(signature, self.examples[signature], count)
             if not pattern.arguments:  # nothing per instance: nothing to batch
                 continue
-            self.patterns[signature] = context.patterns[signature] = pattern
+            patterns[signature] = pattern
             template = Template(signature.key, ROWS_BY_NAME, signature)
             self.templates.setdefault(template.detail, []).append((template, pattern))
         for candidates in self.templates.values():  # the largest first
             candidates.sort(key=lambda candidate: -candidate[1].op_count)
-        if self.on_collected is not None:
-            self.on_collected(self)
+        context.patterns = patterns
         self.examples = {}
+        if self.on_collected is not None:
+            self.on_collected(patterns)
 
     # -- stage 2 -----------------------------------------------------------------
     def _replace(self, roots, signer, depth):

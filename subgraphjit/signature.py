@@ -173,14 +173,12 @@ class Signer:
 
     # -- labels and leaves -----------------------------------------------------
     def _label(self, node):
-        spec = node.spec
-        label_key = (node.row, node.attrs, spec) if self.level == "shape" \
-            else (node.row, node.attrs, _dtypes(spec))
+        label_key = (node.row, node.attrs, node.spec)
         label = self._labels.get(label_key)
         if label is None:
-            label = ("op", node.row.name, node.attrs, tuple(map(type, node.attrs)),
-                     _describe_spec(spec, self.level == "shape"))
-            self._labels[label_key] = label
+            label = self._labels[label_key] = (
+                "op", node.row.name, node.attrs, tuple(map(type, node.attrs)),
+                self._spec_label(node.spec))
         return label
 
     # -- matching a known signature ----------------------------------------------

@@ -231,3 +231,22 @@ def test_matching_agrees_with_signatures(level):
                         if found is not None:
                             assert [id(x) for x in found.inputs] == [id(x) for x in walk.inputs]
                             assert found.nodes == walk.nodes
+
+
+@pytest.mark.parametrize("scheduler", ["none", "agenda"])
+def test_slicing_inside_a_pattern(parameters, scheduler):
+    """A slice is an attribute of its op: the generated code must keep it."""
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((3, 2, 4)).astype(np.float32)
+
+    def graph():
+        return [tf.sigmoid(tf.identity(value)[:, 1:]) * 2.0 for value in values]
+
+    outputs, patterns = collect_and_replace(parameters, graph, depth=3,
+                                            scheduler=scheduler)
+    assert any("[(slice(None, None, None), slice(1, None, None))]" in pattern.source
+               for pattern in patterns)
+    for output, value in zip(outputs, values):
+        np.testing.assert_allclose(output.numpy(), 2 / (1 + np.exp(-value[:, 1:])),
+                                   rtol=1e-6)
+    assert sum(pattern.matches for pattern in patterns) >= 3
