@@ -5,12 +5,14 @@ batch size, for: plain eager TensorFlow per instance; eager with the cells
 in tf.function; a hand-batched TensorFlow version (level by level), eager
 and with its whole step in tf.function (traced once per tree height); DyNet
 with autobatching, agenda and depth (if ``dynet38`` is installed; run in
-subprocesses); and subgraphjit with each scheduler.  Ratios are to plain
+subprocesses); and subgraphjit with each scheduler and granularity (ops, or
+frequent subgraphs as units), and with the PQ-tree row layout.  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
     python benchmarks/batching.py                      # 2,000 trees, batch 25 and 256
     python benchmarks/batching.py --trees 500 --passes 1   # quicker
+    python benchmarks/batching.py --systems "subgraphjit agenda, op" hand-batched
 """
 
 import argparse
@@ -139,6 +141,9 @@ def main():
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--eager-trees", type=int, default=100,
                         help="trees for the slow per-instance baselines")
+    parser.add_argument("--systems", nargs="*", default=None,
+                        help="run only the systems whose names contain one of "
+                             "these (eager TensorFlow, the ratios' base, always runs)")
     arguments = parser.parse_args()
 
     trees = sst.load_split("train", limit=arguments.trees)
@@ -154,13 +159,28 @@ def main():
         "hand-batched, tf.function": compiled_hand_batched_system(
             lambda: HandBatchedTreeLSTM(size, 2)),
     }
-    for scheduler in ("agenda", "depth"):
-        def make(scheduler=scheduler):
-            subgraphjit.set_parameter("scheduler", scheduler)
+    settings = [(scheduler, granularity, "none")
+                for granularity in ("op", "subgraph")
+                for scheduler in ("agenda", "depth", "fsm")]
+    settings += [("agenda", "op", "pq"), ("fsm", "subgraph", "pq")]
+    for scheduler, granularity, layout in settings:
+        def make(scheduler=scheduler, granularity=granularity, layout=layout):
+            for key, value in (("scheduler", scheduler), ("granularity", granularity),
+                               ("layout", layout)):
+                subgraphjit.set_parameter(key, value)
+            subgraphjit.reset_patterns()  # a new model: collect its patterns
             return TreeLSTM(subgraphjit, size, 2)
-        systems[f"subgraphjit {scheduler}"] = per_instance_system(subgraphjit, make)
+        name = f"subgraphjit {scheduler}, {granularity}"
+        systems[name + (", pq layout" if layout == "pq" else "")] = \
+            per_instance_system(subgraphjit, make)
+    if arguments.systems:
+        systems = {name: system for name, system in systems.items()
+                   if name == "eager TensorFlow" or any(
+                       wanted in name for wanted in arguments.systems)}
     per_instance = {"eager TensorFlow", "eager, cells in tf.function"}
     has_dynet = importlib.util.find_spec("dynet") is not None
+    wants_dynet = not arguments.systems or any(
+        wanted in "DyNet autobatch" for wanted in arguments.systems)
 
     rate, floor_train, floor_infer = compute_floor(trees)
     print(f"SST Tree-LSTM, embedding 300, hidden 150, first {len(trees)} training "
@@ -179,7 +199,7 @@ def main():
                       median_rate(infer, len(subset), arguments.passes))
             eager = eager or speeds
             rows.append((name, *speeds))
-        if has_dynet:
+        if has_dynet and wants_dynet:
             for strategy, label in ((1, "agenda"), (2, "depth")):
                 speeds = dynet_rates(strategy, batch_size, arguments)
                 rows.append((f"DyNet autobatch {label}", speeds["train"], speeds["infer"]))

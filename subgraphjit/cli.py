@@ -8,10 +8,18 @@ patterns cover the most ops.  The model is the Tree-LSTM on SST
 (``experiments/treelstm_sst.py``) unless ``--script`` names another program;
 any program that trains through subgraphjit works, since the run stops by
 itself once collection ends.
+
+``subgraphjit tune --schedulers`` compares the batching schedulers instead:
+batches per minibatch of depth, agenda and the learned FSM against the lower
+bound on every example model (``subgraphjit/scheduler_comparison.py``);
+``--fsm-sweep alpha=0.5,1,2`` repeats it for each value of an FSM
+hyperparameter.
 """
 
 import argparse
 import csv
+import dataclasses
+import itertools
 import pathlib
 import runpy
 import sys
@@ -44,6 +52,17 @@ def parse_arguments(argv):
     tune.add_argument("--csv", type=pathlib.Path, help="also write the table here")
     tune.add_argument("--plot", type=pathlib.Path,
                       help="also plot it here (needs matplotlib)")
+    tune.add_argument("--schedulers", action="store_true",
+                      help="compare the schedulers' batches per minibatch "
+                           "on every example model instead")
+    tune.add_argument("--batch-size", type=int, default=32,
+                      help="--schedulers: instances per minibatch")
+    tune.add_argument("--models", default=None,
+                      help="--schedulers: comma-separated model names (default all)")
+    tune.add_argument("--fsm-sweep", action="append", default=[],
+                      metavar="KEY=V1,V2",
+                      help="--schedulers: FSM hyperparameter values to try "
+                           "(repeat for a grid)")
     tune.add_argument("script_arguments", nargs=argparse.REMAINDER,
                       help="after '--': arguments for the script")
     return parser.parse_args(argv)
@@ -103,7 +122,53 @@ def collect_once(script, script_arguments, depth, arguments):
             covered)
 
 
+def parse_sweep(items):
+    """``["alpha=0.5,1", "n_step=2,4"]`` -> the FsmConfig overrides to try."""
+    from .batch.schedulers.fsm import FsmConfig
+    fields = {field.name: field for field in dataclasses.fields(FsmConfig)}
+    axes = []
+    for item in items:
+        key, _, values = item.partition("=")
+        if key not in fields or not values:
+            raise SystemExit(f"--fsm-sweep: expected KEY=V1,V2 with KEY one of "
+                             f"{', '.join(fields)}, not {item!r}")
+        kind = type(getattr(FsmConfig(), key))
+        try:
+            axes.append([(key, kind(value)) for value in values.split(",")])
+        except ValueError:
+            raise SystemExit(f"--fsm-sweep: {key} takes {kind.__name__} "
+                             f"values, not {values!r}") from None
+    return [dict(choice) for choice in itertools.product(*axes)]
+
+
+def compare_schedulers(arguments):
+    from . import scheduler_comparison
+    from .batch.schedulers.fsm import FsmConfig
+
+    models = arguments.models.split(",") if arguments.models else None
+    all_rows = []
+    for overrides in parse_sweep(arguments.fsm_sweep):
+        config = FsmConfig(**overrides)
+        if overrides:
+            print("\nFSM settings: " + ", ".join(
+                f"{key}={value}" for key, value in overrides.items()))
+        rows = scheduler_comparison.compare(arguments.batch_size, config=config,
+                                            models=models)
+        scheduler_comparison.print_rows(rows, arguments.batch_size, config)
+        all_rows += [(*overrides.values(), *row) for row in rows]
+    if arguments.csv:
+        sweep_keys = list(parse_sweep(arguments.fsm_sweep)[0])
+        with open(arguments.csv, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([*sweep_keys, *scheduler_comparison.COLUMNS])
+            writer.writerows(all_rows)
+        print(f"wrote {arguments.csv}")
+    return all_rows
+
+
 def tune(arguments):
+    if arguments.schedulers:
+        return compare_schedulers(arguments)
     script = arguments.script or DEFAULT_SCRIPT
     script_arguments = [a for a in arguments.script_arguments if a != "--"]
     if arguments.script is None:

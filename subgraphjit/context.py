@@ -66,9 +66,23 @@ PARAMETERS = {
         "the unit of work: single ops, or frequent subgraphs found over the "
         "first 'collect' minibatches, each compiled once (thesis chapter 4)"),
     "scheduler": Parameter(
-        "agenda", str, _one_of("none", "depth", "agenda"),
+        "agenda", str, _one_of("none", "depth", "agenda", "fsm"),
         "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
-        "or 'none' to run every node on its own"),
+        "'fsm' (ED-Batch: a policy learned by Q-learning on the first "
+        "minibatch), or 'none' to run every node on its own"),
+    "fsm_encoding": Parameter(
+        "sort", str, _one_of("sort", "max", "base"),
+        "the FSM scheduler's state: frontier types sorted by count ('sort'), "
+        "their set plus the commonest ('max'), or their set ('base')"),
+    "fsm_table": Parameter(
+        "", str, lambda value: isinstance(value, str),
+        "a file for the FSM scheduler's learned Q-table: loaded if it exists "
+        "(no training), written after training otherwise; '' keeps it in memory"),
+    "layout": Parameter(
+        "none", str, _one_of("none", "pq"),
+        "row order of batched results: 'pq' plans it with ED-Batch's PQ-tree "
+        "algorithm so operands are slices instead of gathers; 'none' keeps "
+        "the scheduler's order"),
     "lower_bound": Parameter(
         False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
         lambda value: isinstance(value, bool),
@@ -124,6 +138,9 @@ class Context:
         self.pending = None
         self.collector_was_on = True
         self.patterns = None
+        # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
+        # on first use; a new one is learned when its settings change.
+        self.fsm_policy = None
         # Ids of nodes inside a replaced pattern, computed only on demand:
         # closing scopes skip them.
         self.swallowed = set()
@@ -139,8 +156,11 @@ class Context:
             raise ParameterError(
                 f"{value!r} is not a valid value for parameter {key!r}: "
                 f"{parameter.meaning}")
+        changed = self.parameters[key] != value
         self.parameters[key] = value
         self.lazy = self.parameters["mode"] == "lazy"
+        if changed and key in ("fsm_encoding", "fsm_table"):
+            self.fsm_policy = None
 
     def get_parameter(self, key):
         if key not in PARAMETERS:
@@ -186,6 +206,9 @@ class Context:
             "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
             "unbatched": collections.Counter(), "gathers": 0, "slices": 0,
             "stacks": 0, "bytes_gathered": 0, "duplicates_skipped": 0,
+            "layout_seconds": 0.0, "layout_dropped": 0,
+            "scheduler_fallbacks": 0, "fsm_training_seconds": 0.0,
+            "fsm_training_iterations": 0,
             "analysis_seconds": 0.0, "execute_seconds": 0.0}
         self.inference_seconds = 0.0
         self.search_seconds = 0.0

@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from . import batch, search
+from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import annotate
@@ -130,15 +131,30 @@ def _run(nodes):
     if scheduler == "none":
         for node in nodes:
             run_node(node)
-        launches = len(nodes)
-    else:
-        statistics = context.batching
-        before = statistics["batches"]
-        graph = batch.execute(nodes, statistics, scheduler)
-        launches = statistics["batches"] - before
-        if context.parameters["lower_bound"]:
-            statistics["lower_bound"] += batch.lower_bound(graph)
-    return launches
+        return len(nodes)
+    statistics = context.batching
+    before = statistics["batches"]
+    graph = batch.execute(nodes, statistics, _scheduler(scheduler),
+                          layout=context.parameters["layout"])
+    if context.parameters["lower_bound"]:
+        statistics["lower_bound"] += batch.lower_bound(graph)
+    return statistics["batches"] - before
+
+
+def _scheduler(name):
+    """A fresh scheduler; the FSM one shares the context's learned policy."""
+    if name != "fsm":
+        return SCHEDULERS[name]()
+    if context.fsm_policy is None:
+        context.fsm_policy = fsm.policy_for(context.parameters["fsm_encoding"],
+                                            context.parameters["fsm_table"])
+    return fsm.FsmScheduler(context.fsm_policy, context.batching,
+                            on_trained=_save_fsm_policy)
+
+
+def _save_fsm_policy(policy):
+    if context.parameters["fsm_table"]:
+        policy.save(context.parameters["fsm_table"])
 
 
 def build(structure):

@@ -13,7 +13,7 @@ from subgraphjit import cli
 SCRIPT = textwrap.dedent('''
     import numpy as np
     import subgraphjit as tf
-    from example_models import MODELS
+    from experiments.example_models import MODELS
 
     rng = np.random.default_rng(0)
     model = MODELS["tree_gru"](rng)

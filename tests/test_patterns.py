@@ -12,7 +12,7 @@ import subgraphjit as tf
 from subgraphjit import signature as signatures
 from subgraphjit.codegen import ROWS_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
-from example_models import MODELS
+from experiments.example_models import MODELS
 from test_batching import dense, minibatch_loss_and_gradients
 
 

@@ -49,6 +49,7 @@ class BatchGraph:
         # In-graph operand nodes of each node (canonical indices), for the
         # schedulers' dependency bookkeeping.
         self.sources = []
+        self._type_names = None
         for index, node in enumerate(nodes):
             if node.row is ACCESS:
                 source = node.inputs[0]
@@ -129,6 +130,24 @@ class BatchGraph:
     def __len__(self):
         return len(self.nodes)
 
+    @property
+    def type_names(self):
+        """A name per type that is the same in every minibatch and every run
+        (signatures hold object ids): what a learned schedule is keyed by.
+        Shared variables are named by TensorFlow's per-process unique id
+        ("Variable_7"), which a program that creates its variables in the
+        same order gets again in every run."""
+        if self._type_names is None:
+            first_of_type = {}
+            for index, node_type in enumerate(self.type_of):
+                if node_type >= 0:
+                    first_of_type.setdefault(node_type, index)
+            self._type_names = [
+                _stable_name(self.nodes[first_of_type[node_type]],
+                             self.operands[first_of_type[node_type]])
+                for node_type in range(len(self.signatures))]
+        return self._type_names
+
 
 def _take_output(access_node, source):
     """Evaluate an access node whose multi-output op is evaluated already."""
@@ -138,6 +157,25 @@ def _take_output(access_node, source):
         access_node.batch_row = source.batch_row
     else:
         access_node.result = source.value()[index]
+
+
+def _stable_name(node, operands):
+    parts = [node.row.name, repr(node.attrs)]
+    for operand in operands:
+        if isinstance(operand, NodeOperand):
+            spec = operand.node.spec
+            spec = spec if operand.pick is None else spec[operand.pick]
+            parts.append(f"{spec.dtype.name}{list(spec.shape)}")
+        elif is_variable(operand):
+            parts.append(f"{getattr(operand, '_unique_id', operand.name)}"
+                         f"{list(operand.shape)}")
+        elif isinstance(operand, tf.Tensor):
+            parts.append(f"tensor{list(operand.shape)}")
+        elif type(operand) in _PYTHON_NUMBERS:
+            parts.append(repr(operand))
+        else:
+            parts.append(type(operand).__name__)
+    return " ".join(parts)
 
 
 def _value_key(value):

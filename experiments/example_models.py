@@ -1,6 +1,7 @@
 """Small dynamic models written as plain eager TensorFlow against a module
 ``tf`` (``tensorflow`` or ``subgraphjit``): the differential tests run each
-one both ways and compare losses and gradients.
+one both ways and compare losses and gradients, and ``subgraphjit tune
+--schedulers`` compares the batching schedulers on each.
 
 Each model is a class with ``variables`` and ``loss(tf, example)``; each has
 a ``random_examples(rng, count)`` making inputs of varying structure.
@@ -56,6 +57,38 @@ class TreeLSTM(TreeModel):
             return tf.sigmoid(o) * tf.tanh(c), c
         (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
         z = tf.matmul(tf.concat([hl, hr], axis=1), self.internal) + self.bias
+        i, fl, fr, o, u = tf.split(z, 5, axis=1)
+        c = (tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl
+             + tf.sigmoid(fr) * cr)
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+
+class TreeLSTM2Type(TreeLSTM):
+    """ED-Batch's TreeLSTM-2Type: every internal node is one of two cells
+    with weights of their own, chosen at random, so a tree holds two
+    internal node types that a scheduler must interleave well."""
+
+    def __init__(self, rng, embed=6, hidden=5):
+        super().__init__(rng, embed, hidden)
+        self.internal_other = _weight(rng, 2 * hidden, 5 * hidden)
+        self.variables.append(self.internal_other)
+
+    def random_examples(self, rng, count):
+        def assign_kinds(tree):
+            if isinstance(tree, int):
+                return tree
+            return (int(rng.integers(2)), assign_kinds(tree[0]),
+                    assign_kinds(tree[1]))
+        return [(assign_kinds(tree), label)
+                for tree, label in super().random_examples(rng, count)]
+
+    def encode(self, tf, tree):
+        if isinstance(tree, int):
+            return super().encode(tf, tree)
+        kind, left, right = tree
+        (hl, cl), (hr, cr) = self.encode(tf, left), self.encode(tf, right)
+        weight = self.internal if kind == 0 else self.internal_other
+        z = tf.matmul(tf.concat([hl, hr], axis=1), weight) + self.bias
         i, fl, fr, o, u = tf.split(z, 5, axis=1)
         c = (tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl
              + tf.sigmoid(fr) * cr)
@@ -168,9 +201,13 @@ class LatticeLSTM(SequenceModel):
     """A character LSTM chain with word cells jumping over spans, as in the
     lattice LSTM for Chinese NER: a word cell reads the character state
     where the word starts and gates its memory into the character cell where
-    the word ends."""
+    the word ends.  An example is (characters, tags, words), each word an
+    inclusive (start, end) span of two or more characters
+    (``experiments/weibo_ner.py`` makes them from a real lexicon)."""
 
-    def __init__(self, rng, embed=5, hidden=4):
+    def __init__(self, rng, embed=5, hidden=4, vocabulary=None, classes=None):
+        self.vocabulary = vocabulary or self.vocabulary
+        self.classes = classes or self.classes
         self.hidden = hidden
         self.embedding = _weight(rng, self.vocabulary, embed)
         self.char = _weight(rng, embed + hidden, 4 * hidden)
@@ -181,23 +218,32 @@ class LatticeLSTM(SequenceModel):
         self.variables = [self.embedding, self.char, self.word, self.merge,
                           self.bias, self.output]
 
+    def random_examples(self, rng, count):
+        examples = []
+        for chars, tags in super().random_examples(rng, count):
+            words = [(end - length + 1, end) for end in range(len(chars))
+                     for length in (2, 3)
+                     if end - length + 1 >= 0 and rng.random() < 0.35]
+            examples.append((chars, tags, words))
+        return examples
+
     def loss(self, tf, example):
-        chars, tags = example
+        chars, tags, words = example
+        words_ending_at = {}
+        for start, end in words:
+            words_ending_at.setdefault(end, []).append(start)
         h = c = tf.zeros((1, self.hidden))
         hs, cs, losses = [], [], []
         for position, char in enumerate(chars):
             x = tf.nn.embedding_lookup(self.embedding, [char])
             h, c = lstm_cell(tf, x, h, c, self.char, self.bias)
-            # Words of two and three characters ending here, seen as lattice.
-            for length in (2, 3):
-                start = position - length + 1
-                if start >= 0 and (chars[start] + char) % 3 == 0:
-                    word_input = tf.concat([x, hs[start]], 1)
-                    i, f, u = tf.split(tf.matmul(word_input, self.word), 3, 1)
-                    word_memory = tf.sigmoid(f) * cs[start] + tf.sigmoid(i) * tf.tanh(u)
-                    gate = tf.sigmoid(tf.matmul(tf.concat([x, word_memory], 1),
-                                                self.merge))
-                    c = gate * word_memory + (1.0 - gate) * c
+            for start in words_ending_at.get(position, ()):
+                word_input = tf.concat([x, hs[start]], 1)
+                i, f, u = tf.split(tf.matmul(word_input, self.word), 3, 1)
+                word_memory = tf.sigmoid(f) * cs[start] + tf.sigmoid(i) * tf.tanh(u)
+                gate = tf.sigmoid(tf.matmul(tf.concat([x, word_memory], 1),
+                                            self.merge))
+                c = gate * word_memory + (1.0 - gate) * c
             hs.append(h)
             cs.append(c)
             logits = tf.matmul(h, self.output)
@@ -229,6 +275,7 @@ class Attention(SequenceModel):
             labels=tags, logits=logits))
 
 
-MODELS = {"tree_lstm": TreeLSTM, "tree_gru": TreeGRU, "mv_rnn": MVRNN,
+MODELS = {"tree_lstm": TreeLSTM, "tree_lstm_2type": TreeLSTM2Type,
+          "tree_gru": TreeGRU, "mv_rnn": MVRNN,
           "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
           "attention": Attention}

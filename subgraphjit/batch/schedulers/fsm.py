@@ -1,0 +1,465 @@
+"""ED-Batch's FSM scheduler: a batching policy learned by Q-learning.
+
+Algorithm 1 of ED-Batch: while nodes remain, encode the graph's *frontier*
+(the nodes whose operands are all computed) as a state, let the policy pick a
+node type for that state, and run every frontier node of that type as one
+batch.  The policy is a finite-state machine -- a table from states to types
+-- so it costs one dictionary lookup per batch, and it depends only on the
+model's structure, not on the inputs or the batch size: learned on one
+minibatch, it schedules every later one.
+
+States (section 2.3) are made of type *names* (``BatchGraph.type_names``),
+which are the same in every minibatch:
+
+* ``base``: the set of types on the frontier;
+* ``max``: that set plus the type with the most frontier nodes;
+* ``sort`` (the default, ED-Batch's best): the frontier's types ordered by
+  how many of their nodes are ready.
+
+Learning is tabular Q-learning on a simulation of Algorithm 1 over the
+dependency structure alone (nothing runs).  Each batch earns the reward of
+equation 1, ``-1 + alpha * ready_a / frontier_of_a``: -1 per batch, plus a
+bonus when the batch takes *every* type-a node that could run before the
+other type-a nodes (Lemma 2.1: then batching ``a`` now is optimal).  Here
+``frontier_of_a`` counts the remaining type-a nodes with no remaining type-a
+node among their ancestors, however many other ops lie between (in a
+Tree-LSTM a node's matmul waits for its children's matmuls through a dozen
+elementwise ops; counting only direct edges would see no chain at all).
+Q-values are updated with N-step returns and exploration is epsilon-greedy;
+training stops early once the greedy policy needs no more batches than
+ED-Batch's lower bound (appendix A.3), checked every ``check_every``
+episodes.  A state the table has never seen falls back to the agenda
+heuristic, and is counted.
+"""
+
+import dataclasses
+import json
+import random
+import time
+
+from tqdm import tqdm
+
+ENCODINGS = ("sort", "max", "base")
+
+
+@dataclasses.dataclass(frozen=True)
+class FsmConfig:
+    """Every hyperparameter of the FSM scheduler (``subgraphjit tune
+    --schedulers --fsm-sweep KEY=V1,V2`` sweeps any of them)."""
+    encoding: str = "sort"        # state encoding: sort, max or base
+    alpha: float = 1.0            # weight of the Lemma 2.1 bonus in the reward
+    learning_rate: float = 0.5
+    discount: float = 1.0         # episodes are short and finite: no discount
+    n_step: int = 4               # N of N-step bootstrapping
+    epsilon: float = 0.2          # exploration rate of epsilon-greedy
+    max_iterations: int = 1000    # training episodes at most (as ED-Batch)
+    check_every: int = 50         # episodes between lower-bound checks
+    time_limit_seconds: float = 10.0
+    train_graphs: int = 1         # minibatches to learn from before freezing
+    retrain_share: float = 0.5    # learn again when more decisions fell back
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"FSM encoding must be one of {ENCODINGS}, "
+                             f"not {self.encoding!r}")
+
+
+def encode(encoding, ready_count_of_name):
+    """The state of a frontier given as {type name: ready nodes}."""
+    if encoding == "base":
+        return tuple(sorted(ready_count_of_name))
+    if encoding == "max":
+        commonest = min(ready_count_of_name,
+                        key=lambda name: (-ready_count_of_name[name], name))
+        return (tuple(sorted(ready_count_of_name)), commonest)
+    return tuple(sorted(ready_count_of_name,
+                        key=lambda name: (-ready_count_of_name[name], name)))
+
+
+@dataclasses.dataclass
+class TrainingReport:
+    iterations: int
+    seconds: float
+    batches: int          # of the greedy policy on the training graph
+    lower_bound: int
+    agenda_batches: int
+    states: int
+
+
+class Simulation:
+    """Algorithm 1 over a BatchGraph's dependency structure: which nodes are
+    ready, and the frontier of each type's own subgraph (for the reward)."""
+
+    def __init__(self, graph):
+        from . import depths
+        type_of = graph.type_of
+        self.nodes = [index for index, node_type in enumerate(type_of)
+                      if node_type >= 0]
+        self.type_of = type_of
+        self.names = graph.type_names
+        self.consumers = {index: [] for index in self.nodes}
+        for index in self.nodes:
+            for source in graph.sources[index]:
+                self.consumers[source].append(index)
+        self.sources = graph.sources
+        self.depth = depths(graph)
+        self.type_count = len(graph.signatures)
+        # Nearest same-type ancestors of each node: the nodes of its type
+        # reached walking back from it without passing another of its type.
+        # (A walk per node; it stops at the first node of the type, so it
+        # covers about one cell's worth of ops.)
+        self.same_type_parents = {}
+        self.same_type_children = {index: [] for index in self.nodes}
+        for index in self.nodes:
+            node_type = type_of[index]
+            parents, seen = [], set()
+            stack = list(graph.sources[index])
+            while stack:
+                source = stack.pop()
+                if source in seen:
+                    continue
+                seen.add(source)
+                if type_of[source] == node_type:
+                    parents.append(source)
+                else:
+                    stack.extend(graph.sources[source])
+            self.same_type_parents[index] = len(parents)
+            for parent in parents:
+                self.same_type_children[parent].append(index)
+
+    def reset(self):
+        self.waiting = {index: len(self.sources[index]) for index in self.nodes}
+        self.ready = {}
+        for index in self.nodes:
+            if not self.waiting[index]:
+                self.ready.setdefault(self.type_of[index], []).append(index)
+        self.type_waiting = dict(self.same_type_parents)
+        self.type_frontier = [0] * self.type_count
+        self.remaining = [0] * self.type_count
+        self.remaining_depth = [0] * self.type_count
+        for index in self.nodes:
+            node_type = self.type_of[index]
+            self.remaining[node_type] += 1
+            self.remaining_depth[node_type] += self.depth[index]
+            if not self.type_waiting[index]:
+                self.type_frontier[node_type] += 1
+
+    def ready_names(self):
+        """{type name: ready nodes}, and the ready type of each name."""
+        counts, type_of_name = {}, {}
+        for node_type, nodes in self.ready.items():
+            name = self.names[node_type]
+            counts[name] = counts.get(name, 0) + len(nodes)
+            type_of_name.setdefault(name, node_type)
+        return counts, type_of_name
+
+    def step(self, node_type, alpha):
+        """Run the ready nodes of one type; returns the reward (equation 1)."""
+        batch = self.ready.pop(node_type)
+        reward = -1.0 + alpha * len(batch) / self.type_frontier[node_type]
+        self.type_frontier[node_type] -= len(batch)
+        self.remaining[node_type] -= len(batch)
+        for index in batch:
+            self.remaining_depth[node_type] -= self.depth[index]
+            for child in self.same_type_children[index]:
+                self.type_waiting[child] -= 1
+                if not self.type_waiting[child]:
+                    self.type_frontier[node_type] += 1
+            for consumer in self.consumers[index]:
+                self.waiting[consumer] -= 1
+                if not self.waiting[consumer]:
+                    self.ready.setdefault(self.type_of[consumer], []).append(consumer)
+        return reward
+
+    def heuristic_choice(self):
+        """Lemma 2.1's condition as a heuristic: the ready type holding the
+        largest share of its own subgraph's frontier (ties: agenda's)."""
+        return max(self.ready, key=lambda node_type: (
+            len(self.ready[node_type]) / self.type_frontier[node_type],
+            -self.remaining_depth[node_type] / self.remaining[node_type]))
+
+    def agenda_choice(self):
+        """DyNet's choice: the ready type whose remaining nodes are shallowest
+        on average (for unseen states, and agenda's count in the report)."""
+        return min(self.ready, key=lambda node_type:
+                   self.remaining_depth[node_type] / self.remaining[node_type])
+
+
+class FsmPolicy:
+    """The learned FSM: a Q-table from states to {type name: value}."""
+
+    def __init__(self, config=None):
+        self.config = config or FsmConfig()
+        self.table = {}
+        # The learned schedule's choices by the coarser 'base' state (the
+        # set of ready types), consulted when a state is unseen: frontiers
+        # of new inputs often hold the same types in other proportions.
+        self.coarse = {}
+        self.graphs_trained = 0
+        self.retrain = False
+
+    @property
+    def needs_training(self):
+        return self.retrain or self.graphs_trained < self.config.train_graphs
+
+    def choose(self, state, ready_names):
+        """The greedy type name for a state, or None if the state is unseen."""
+        values = self.table.get(state)
+        if not values:
+            return None
+        known = [name for name in ready_names if name in values]
+        if not known:
+            return None
+        return max(known, key=lambda name: (values[name], name))
+
+    def choose_coarse(self, ready_names):
+        """The learned schedule's commonest choice for this set of ready
+        types, or None."""
+        votes = self.coarse.get(encode("base", ready_names))
+        if not votes:
+            return None
+        return max(votes, key=lambda name: (votes[name], name))
+
+    # -- learning ----------------------------------------------------------
+    def train(self, graph, progress=True):
+        """Learn from one graph (merging into the table); a TrainingReport.
+
+        Exploitation needs a choice where the table knows no action yet: the
+        Lemma 2.1 heuristic (the ready type with the largest share of its own
+        subgraph's frontier), which is where learning starts; Q-learning then
+        improves on it where exploration finds fewer batches.  The table of
+        the best greedy schedule seen is kept."""
+        from .. import lower_bound
+        config = self.config
+        started = time.perf_counter()
+        simulation = Simulation(graph)
+        bound = lower_bound(graph)
+        agenda = self._episode(simulation, lambda state, values: None,
+                               fallback=simulation.agenda_choice)
+        rng = random.Random(config.seed)
+        best, best_table = self.greedy_batches(simulation), _copy(self.table)
+        iterations = 0
+        with tqdm(total=config.max_iterations, desc="learning FSM schedule",
+                  unit="episode", leave=False, delay=1.0,
+                  disable=not progress) as bar:
+            while best > bound and iterations < config.max_iterations \
+                    and time.perf_counter() - started < config.time_limit_seconds:
+                self._learn_episode(simulation, rng)
+                iterations += 1
+                bar.update()
+                if iterations % config.check_every == 0:
+                    greedy = self.greedy_batches(simulation)
+                    if greedy < best:
+                        best, best_table = greedy, _copy(self.table)
+                    bar.set_postfix(batches=best, lower_bound=bound)
+        self.table = best_table
+        # Every state of the final greedy schedule goes into the table, so
+        # the schedule runs as learned (not through the runtime's fallback).
+        self._episode(simulation, self._greedy_action,
+                      fallback=simulation.heuristic_choice, record=True)
+        self.graphs_trained += 1
+        self.retrain = False
+        return TrainingReport(iterations, time.perf_counter() - started, best,
+                              bound, agenda, len(self.table))
+
+    def greedy_batches(self, simulation):
+        return self._episode(simulation, self._greedy_action,
+                             fallback=simulation.heuristic_choice)
+
+    def _greedy_action(self, state, names):
+        return self.choose(state, names)
+
+    def _episode(self, simulation, choose, fallback, record=False):
+        """Batches of one schedule: ``choose(state, ready names)`` returns a
+        name or None (then ``fallback()`` picks the type)."""
+        simulation.reset()
+        batches = 0
+        while simulation.ready:
+            names, type_of_name = simulation.ready_names()
+            state = encode(self.config.encoding, names)
+            name = choose(state, names)
+            node_type = type_of_name[name] if name is not None else fallback()
+            if record:
+                chosen = simulation.names[node_type]
+                if name is None:
+                    self.table.setdefault(state, {})[chosen] = 0.0
+                votes = self.coarse.setdefault(encode("base", names), {})
+                votes[chosen] = votes.get(chosen, 0) + 1
+            simulation.step(node_type, self.config.alpha)
+            batches += 1
+        return batches
+
+    def _learn_episode(self, simulation, rng):
+        """One epsilon-greedy schedule, then N-step Q updates along it."""
+        config = self.config
+        simulation.reset()
+        trajectory = []   # (state, action name, reward)
+        while simulation.ready:
+            names, type_of_name = simulation.ready_names()
+            state = encode(config.encoding, names)
+            if rng.random() < config.epsilon:
+                action = rng.choice(sorted(names))
+            else:
+                action = self.choose(state, names)
+                if action is None:
+                    action = simulation.names[simulation.heuristic_choice()]
+            reward = simulation.step(type_of_name[action], config.alpha)
+            trajectory.append((state, action, reward))
+        count = len(trajectory)
+        for t, (state, action, _) in enumerate(trajectory):
+            horizon = min(t + config.n_step, count)
+            target = sum(config.discount ** (k - t) * trajectory[k][2]
+                         for k in range(t, horizon))
+            if horizon < count:
+                later = self.table.get(trajectory[horizon][0])
+                # An unvalued later state: assume the rest costs what the
+                # remaining steps of this episode did.
+                target += config.discount ** (horizon - t) * (
+                    max(later.values()) if later else
+                    sum(step[2] for step in trajectory[horizon:]))
+            values = self.table.setdefault(state, {})
+            if action not in values:
+                values[action] = target
+            else:
+                values[action] += config.learning_rate * (target - values[action])
+
+    # -- persistence -------------------------------------------------------
+    def save(self, path):
+        entries = [{"state": _to_json(state), "values": values}
+                   for state, values in self.table.items()]
+        with open(path, "w") as handle:
+            json.dump({"config": dataclasses.asdict(self.config),
+                       "graphs_trained": self.graphs_trained,
+                       "table": entries,
+                       "coarse": [{"state": list(state), "votes": votes}
+                                  for state, votes in self.coarse.items()]},
+                      handle)
+
+    @classmethod
+    def load(cls, path, encoding=None):
+        """A saved policy; ``encoding``, if given, must be the file's."""
+        try:
+            with open(path) as handle:
+                saved = json.load(handle)
+            config = FsmConfig(**saved["config"])
+            table = {_from_json(entry["state"]): entry["values"]
+                     for entry in saved["table"]}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not a saved FSM policy: {error}") from None
+        if encoding is not None and config.encoding != encoding:
+            raise ValueError(
+                f"{path} holds an FSM policy learned with the {config.encoding!r} "
+                f"state encoding, not {encoding!r}: set fsm_encoding to "
+                f"{config.encoding!r} or use another fsm_table file")
+        policy = cls(config)
+        policy.table = table
+        policy.coarse = {tuple(entry["state"]): entry["votes"]
+                         for entry in saved.get("coarse", ())}
+        policy.graphs_trained = saved.get("graphs_trained", config.train_graphs)
+        return policy
+
+
+def _copy(table):
+    return {state: dict(values) for state, values in table.items()}
+
+
+def _to_json(state):
+    return [_to_json(part) for part in state] if isinstance(state, tuple) else state
+
+
+def _from_json(state):
+    return tuple(_from_json(part) for part in state) if isinstance(state, list) else state
+
+
+class FsmScheduler:
+    """Algorithm 1 with a learned policy.
+
+    A state the table lacks is looked up by its set of ready types (the
+    learned schedule's commonest choice there), else decided by the agenda
+    heuristic.  Scheduling needs only the graph's structure, so the whole
+    schedule is made in ``init``; when it needed any such guess, agenda's
+    own schedule is made too and the shorter one runs, so the FSM never
+    costs more batches than agenda.  ``statistics`` (optional) receives the
+    training time; ``on_trained(policy)`` is called after training."""
+
+    name = "fsm"
+
+    def __init__(self, policy, statistics=None, on_trained=None):
+        self.policy = policy
+        self.statistics = statistics
+        self.on_trained = on_trained
+        self.fallbacks = 0          # unseen states: agenda's choice
+        self.coarse_decisions = 0   # unseen states known by their type set
+        self.decisions = 0
+        self.agenda_was_shorter = False
+
+    def init(self, graph):
+        from .agenda import AgendaScheduler
+        if self.policy.needs_training:
+            report = self.policy.train(graph)
+            if self.statistics is not None:
+                self.statistics["fsm_training_seconds"] += report.seconds
+                self.statistics["fsm_training_iterations"] += report.iterations
+            if self.on_trained is not None:
+                self.on_trained(self.policy)
+        batches = self._schedule(graph)
+        if self.fallbacks or self.coarse_decisions:
+            agenda = AgendaScheduler()
+            agenda_batches = list(_batches(graph, agenda))
+            if len(agenda_batches) < len(batches):
+                batches, self.agenda_was_shorter = agenda_batches, True
+        if self.fallbacks > self.policy.config.retrain_share * self.decisions:
+            self.policy.retrain = True   # a graph it mostly does not know
+        self._batches = batches[::-1]
+
+    def next_batch(self):
+        return self._batches.pop() if self._batches else None
+
+    def post_process(self, batch):
+        pass
+
+    def _schedule(self, graph):
+        """The policy's schedule; the agenda scheduler keeps the ready lists
+        and dependency counts, the policy replaces its choice of type."""
+        from .agenda import AgendaScheduler
+        agenda = AgendaScheduler()
+        agenda.init(graph)
+        ready, names = agenda._ready, graph.type_names
+        encoding, policy = self.policy.config.encoding, self.policy
+        batches = []
+        while ready:
+            self.decisions += 1
+            counts, type_of_name = {}, {}
+            for node_type, nodes in ready.items():
+                name = names[node_type]
+                counts[name] = counts.get(name, 0) + len(nodes)
+                type_of_name.setdefault(name, node_type)
+            name = policy.choose(encode(encoding, counts), counts)
+            if name is None:
+                name = policy.choose_coarse(counts)
+                self.coarse_decisions += name is not None
+            if name is None:
+                self.fallbacks += 1
+                batch = agenda.next_batch()
+            else:
+                batch = ready.pop(type_of_name[name])
+            agenda.post_process(batch)
+            batches.append(batch)
+        return batches
+
+
+def _batches(graph, scheduler):
+    scheduler.init(graph)
+    while (batch := scheduler.next_batch()) is not None:
+        scheduler.post_process(batch)
+        yield batch
+
+
+def policy_for(encoding, path):
+    """The policy to schedule with: loaded from ``path`` if that file exists
+    (no training), else a new one to be learned."""
+    import os
+    if path and os.path.exists(path):
+        return FsmPolicy.load(path, encoding)
+    return FsmPolicy(FsmConfig(encoding=encoding))

@@ -1,0 +1,142 @@
+"""``subgraphjit tune --schedulers``: batches per minibatch for every
+scheduler on every example model (ED-Batch figure 7), with the FSM's
+training time and iterations (ED-Batch table 4).
+
+Scheduling depends only on the graph's structure, so nothing is executed:
+each model records the loss of two minibatches lazily, the FSM trains on the
+first and every scheduler is counted on the second (a learned policy must
+generalise to new inputs).  The models are the example models of
+``experiments/example_models.py`` on random inputs, the Tree-LSTM on SST
+trees and the lattice LSTM on Weibo NER messages.
+"""
+
+import pathlib
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+from .batch import lower_bound
+from .batch.graph import BatchGraph
+from .batch.schedulers import SCHEDULERS
+from .batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
+
+COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda",
+           *(f"fsm-{encoding}" for encoding in ENCODINGS),
+           "fsm/agenda", "train s", "iterations", "states", "coarse", "fallbacks")
+
+
+def count_batches(graph, scheduler):
+    """How many batches the scheduler needs for the graph (nothing runs)."""
+    scheduler.init(graph)
+    batches = 0
+    while (batch := scheduler.next_batch()) is not None:
+        scheduler.post_process(batch)
+        batches += 1
+    return batches
+
+
+def recorded_graph(loss_of_minibatch):
+    """The BatchGraph of one minibatch's loss, recorded but not evaluated."""
+    import subgraphjit as tf
+    from .evaluate import unevaluated_ancestors
+
+    saved = tf.get_parameter("granularity")
+    tf.set_parameter("granularity", "op")
+    try:
+        loss = loss_of_minibatch(tf)
+        return BatchGraph(unevaluated_ancestors([loss]))
+    finally:
+        tf.set_parameter("granularity", saved)
+
+
+def _make_experiments_importable():
+    repository = pathlib.Path(__file__).resolve().parents[1]
+    if not (repository / "experiments").is_dir():
+        raise SystemExit("subgraphjit tune --schedulers runs the example models "
+                         "of a source checkout's experiments/; this installed "
+                         "copy has none")
+    if str(repository) not in sys.path:
+        sys.path.insert(0, str(repository))
+
+
+def example_minibatches(batch_size, seed):
+    """(name, loss_of_minibatch for training, for testing) per model."""
+    _make_experiments_importable()
+    from experiments.example_models import MODELS, LatticeLSTM
+
+    rng = np.random.default_rng(seed)
+    for name, model_class in MODELS.items():
+        model = model_class(rng)
+        yield name, *(_loss_over(model, model.random_examples(rng, batch_size))
+                      for _ in range(2))
+    yield ("tree_lstm_sst", *_sst_minibatches(batch_size, seed))
+    from experiments.weibo_ner import Lattices
+    lattices = Lattices()
+    examples = lattices.examples("train", 2 * batch_size)
+    model = LatticeLSTM(rng, vocabulary=len(lattices.characters),
+                        classes=len(lattices.tags))
+    yield ("lattice_lstm_weibo", _loss_over(model, examples[:batch_size]),
+           _loss_over(model, examples[batch_size:]))
+
+
+def _loss_over(model, examples):
+    return lambda tf: tf.add_n([model.loss(tf, example) for example in examples])
+
+
+def _sst_minibatches(batch_size, seed):
+    from experiments.sst import Vocabulary, load_split
+    from experiments.treelstm import TreeLSTM
+
+    import subgraphjit
+
+    trees = load_split("train", limit=2 * batch_size)
+    vocabulary = Vocabulary(trees)
+    # One model for both minibatches: type names include its variables.
+    model = TreeLSTM(subgraphjit, len(vocabulary), 2, embedding=8, hidden=6,
+                     seed=seed)
+
+    def loss_over(chosen):
+        return lambda tf: tf.add_n([model.loss(tree, vocabulary) for tree in chosen])
+    return loss_over(trees[:batch_size]), loss_over(trees[batch_size:])
+
+
+def compare(batch_size=32, seed=0, config=None, models=None):
+    """One row per model (see COLUMNS)."""
+    config = config or FsmConfig()
+    rows = []
+    sources = [source for source in example_minibatches(batch_size, seed)
+               if models is None or source[0] in models]
+    for name, train_loss, test_loss in tqdm(sources, desc="comparing schedulers",
+                                            unit="model"):
+        train_graph, test_graph = recorded_graph(train_loss), recorded_graph(test_loss)
+        counts = {scheduler: count_batches(test_graph, SCHEDULERS[scheduler]())
+                  for scheduler in ("depth", "agenda")}
+        for encoding in ENCODINGS:
+            policy = FsmPolicy(FsmConfig(**{**config.__dict__, "encoding": encoding}))
+            report = policy.train(train_graph, progress=False)
+            scheduler = FsmScheduler(policy)
+            counts[f"fsm-{encoding}"] = count_batches(test_graph, scheduler)
+            if encoding == config.encoding:
+                chosen = (report, scheduler.coarse_decisions, scheduler.fallbacks)
+        report, coarse, fallbacks = chosen
+        fsm = counts[f"fsm-{config.encoding}"]
+        rows.append((name, sum(t >= 0 for t in test_graph.type_of),
+                     lower_bound(test_graph), counts["depth"], counts["agenda"],
+                     *(counts[f"fsm-{encoding}"] for encoding in ENCODINGS),
+                     counts["agenda"] / fsm, report.seconds, report.iterations,
+                     report.states, coarse, fallbacks))
+    return rows
+
+
+def print_rows(rows, batch_size, config):
+    print(f"\nBatches per minibatch of {batch_size} (ED-Batch figure 7 and "
+          f"table 4); the FSM ({config.encoding} encoding for the last four "
+          "columns) trained on another minibatch:")
+    cells = [[str(value) if not isinstance(value, float) else
+              f"{value:.2f}" for value in row] for row in rows]
+    widths = [max(len(line[i]) for line in cells + [list(COLUMNS)])
+              for i in range(len(COLUMNS))]
+    for line in [list(COLUMNS)] + cells:
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+

@@ -1,0 +1,169 @@
+"""The FSM scheduler (ED-Batch section 2): valid schedules, learned policies
+that reach the lower bound where ED-Batch's do, persistence, fallbacks."""
+
+import json
+
+import numpy as np
+import pytest
+
+import subgraphjit as tf
+from subgraphjit.batch import lower_bound
+from subgraphjit.batch.schedulers import SCHEDULERS
+from subgraphjit.batch.schedulers.fsm import (
+    ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, encode)
+from subgraphjit.scheduler_comparison import count_batches, recorded_graph
+from experiments.example_models import MODELS
+
+
+class FakeGraph:
+    """The four attributes schedulers read, for hand-made dependency graphs."""
+
+    def __init__(self, types, sources):
+        names = sorted(set(types))
+        self.type_names = names
+        self.signatures = names
+        self.type_of = [names.index(t) for t in types]
+        self.sources = [tuple(s) for s in sources]
+
+    def __len__(self):
+        return len(self.type_of)
+
+
+def figure_1_trees(rng, count):
+    """ED-Batch figure 1: internal nodes (I) over a chain, an output node (O)
+    per internal node and leaf, and one reduction (R) of the outputs."""
+    types, sources = [], []
+
+    def add(node_type, reads):
+        types.append(node_type)
+        sources.append(reads)
+        return len(types) - 1
+
+    for _ in range(count):
+        outputs, previous = [], add("I", [])
+        outputs.append(add("O", [previous]))
+        for _ in range(int(rng.integers(1, 6))):
+            previous = add("I", [previous])
+            outputs.append(add("O", [previous]))
+        add("R", outputs)
+    return FakeGraph(types, sources)
+
+
+def schedule_of(graph, scheduler):
+    scheduler.init(graph)
+    batches = []
+    while (batch := scheduler.next_batch()) is not None:
+        scheduler.post_process(batch)
+        batches.append(list(batch))
+    return batches
+
+
+def assert_valid(graph, batches):
+    done = set()
+    for batch in batches:
+        assert len({graph.type_of[i] for i in batch}) == 1
+        for index in batch:
+            assert index not in done
+            assert all(source in done for source in graph.sources[index])
+        done.update(batch)
+    assert done == {i for i, t in enumerate(graph.type_of) if t >= 0}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_learned_schedules_are_valid_and_reach_the_lower_bound(encoding):
+    rng = np.random.default_rng(0)
+    train, test = figure_1_trees(rng, 8), figure_1_trees(rng, 8)
+    policy = FsmPolicy(FsmConfig(encoding=encoding))
+    report = policy.train(train, progress=False)
+    assert report.batches == report.lower_bound <= report.agenda_batches
+    for scheduler in (FsmScheduler(policy), *(s() for s in SCHEDULERS.values())):
+        assert_valid(test, schedule_of(test, scheduler))
+    assert count_batches(test, FsmScheduler(policy)) == lower_bound(test)
+
+
+def test_fsm_beats_agenda_on_figure_1():
+    graph = figure_1_trees(np.random.default_rng(1), 1)
+    agenda = count_batches(graph, SCHEDULERS["agenda"]())
+    policy = FsmPolicy()
+    policy.train(graph, progress=False)
+    assert count_batches(graph, FsmScheduler(policy)) == lower_bound(graph) < agenda
+
+
+@pytest.mark.parametrize("model_name", ["tree_lstm", "tree_gru", "bilstm_tagger",
+                                        "tree_lstm_2type", "lattice_lstm", "mv_rnn"])
+def test_fsm_on_example_models(model_name):
+    """Trained on one minibatch, scheduling another: never more batches than
+    agenda; the lower bound on the models where ED-Batch reaches it."""
+    rng = np.random.default_rng(2)
+    model = MODELS[model_name](rng)
+    graphs = [recorded_graph(lambda tf, examples=model.random_examples(rng, 16):
+                             tf.add_n([model.loss(tf, e) for e in examples]))
+              for _ in range(2)]
+    policy = FsmPolicy(FsmConfig(max_iterations=200))
+    policy.train(graphs[0], progress=False)
+    scheduler = FsmScheduler(policy)
+    batches = schedule_of(graphs[1], scheduler)
+    assert_valid(graphs[1], batches)
+    assert len(batches) <= count_batches(graphs[1], SCHEDULERS["agenda"]())
+    if model_name in ("tree_lstm", "tree_gru", "bilstm_tagger"):
+        assert len(batches) == lower_bound(graphs[1])
+
+
+def test_save_and_load_skip_training(tmp_path):
+    rng = np.random.default_rng(3)
+    graph = figure_1_trees(rng, 6)
+    policy = FsmPolicy()
+    policy.train(graph, progress=False)
+    path = tmp_path / "table.json"
+    policy.save(path)
+    loaded = FsmPolicy.load(path, "sort")
+    assert not loaded.needs_training
+    assert schedule_of(graph, FsmScheduler(loaded)) == schedule_of(graph, FsmScheduler(policy))
+    with pytest.raises(ValueError, match="'sort' state encoding, not 'max'"):
+        FsmPolicy.load(path, "max")
+    (tmp_path / "junk.json").write_text(json.dumps({"table": 3}))
+    with pytest.raises(ValueError, match="not a saved FSM policy"):
+        FsmPolicy.load(tmp_path / "junk.json")
+
+
+def test_unseen_states_fall_back_to_agenda_and_ask_for_retraining():
+    rng = np.random.default_rng(4)
+    policy = FsmPolicy()
+    policy.train(figure_1_trees(rng, 3), progress=False)
+    # Another model entirely: chains of a type the policy never saw.
+    chains = FakeGraph(["X", "Y"] * 4, [[], [0], [1], [2], [], [4], [5], [6]])
+    scheduler = FsmScheduler(policy)
+    batches = schedule_of(chains, scheduler)
+    assert_valid(chains, batches)
+    assert scheduler.fallbacks == scheduler.decisions == len(batches)
+    assert policy.needs_training
+
+
+def test_states_encode_the_frontier():
+    counts = {"b": 1, "a": 3, "c": 3}
+    assert encode("base", counts) == ("a", "b", "c")
+    assert encode("max", counts) == (("a", "b", "c"), "a")
+    assert encode("sort", counts) == ("a", "c", "b")
+    with pytest.raises(ValueError, match="encoding"):
+        FsmConfig(encoding="fancy")
+
+
+def test_fsm_table_parameter_trains_once_then_loads(tmp_path):
+    rng = np.random.default_rng(5)
+    model = MODELS["tree_gru"](rng)
+    path = tmp_path / "fsm.json"
+    tf.set_parameter("scheduler", "fsm")
+    tf.set_parameter("fsm_table", str(path))
+    try:
+        tf.reset_stats()
+        tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
+        assert path.exists()
+        assert tf.stats()["fsm_training_seconds"] > 0
+        tf.set_parameter("fsm_table", "")
+        tf.set_parameter("fsm_table", str(path))   # a new run, same file
+        tf.reset_stats()
+        tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
+        assert tf.stats()["fsm_training_seconds"] == 0
+    finally:
+        tf.set_parameter("fsm_table", "")
+        tf.set_parameter("scheduler", "agenda")
