@@ -6,7 +6,7 @@ in tf.function; a hand-batched TensorFlow version (level by level), eager
 and with its whole step in tf.function (traced once per tree height); DyNet
 with autobatching, agenda and depth (if ``dynet38`` is installed; run in
 subprocesses); and subgraphjit with each scheduler and granularity (ops, or
-frequent subgraphs as units), and with the PQ-tree row layout.  Ratios are to plain
+frequent subgraphs as units).  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
@@ -159,20 +159,15 @@ def main():
         "hand-batched, tf.function": compiled_hand_batched_system(
             lambda: HandBatchedTreeLSTM(size, 2)),
     }
-    settings = [(scheduler, granularity, "none")
-                for granularity in ("op", "subgraph")
-                for scheduler in ("agenda", "depth", "fsm")]
-    settings += [("agenda", "op", "pq"), ("fsm", "subgraph", "pq")]
-    for scheduler, granularity, layout in settings:
-        def make(scheduler=scheduler, granularity=granularity, layout=layout):
-            for key, value in (("scheduler", scheduler), ("granularity", granularity),
-                               ("layout", layout)):
-                subgraphjit.set_parameter(key, value)
-            subgraphjit.reset_patterns()  # a new model: collect its patterns
-            return TreeLSTM(subgraphjit, size, 2)
-        name = f"subgraphjit {scheduler}, {granularity}"
-        systems[name + (", pq layout" if layout == "pq" else "")] = \
-            per_instance_system(subgraphjit, make)
+    for granularity in ("op", "subgraph"):
+        for scheduler in ("agenda", "depth", "fsm"):
+            def make(scheduler=scheduler, granularity=granularity):
+                subgraphjit.set_parameter("scheduler", scheduler)
+                subgraphjit.set_parameter("granularity", granularity)
+                subgraphjit.reset_patterns()  # a new model: collect its patterns
+                return TreeLSTM(subgraphjit, size, 2)
+            systems[f"subgraphjit {scheduler}, {granularity}"] = \
+                per_instance_system(subgraphjit, make)
     if arguments.systems:
         systems = {name: system for name, system in systems.items()
                    if name == "eager TensorFlow" or any(

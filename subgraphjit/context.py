@@ -78,11 +78,6 @@ PARAMETERS = {
         "", str, lambda value: isinstance(value, str),
         "a file for the FSM scheduler's learned Q-table: loaded if it exists "
         "(no training), written after training otherwise; '' keeps it in memory"),
-    "layout": Parameter(
-        "none", str, _one_of("none", "pq"),
-        "row order of batched results: 'pq' plans it with ED-Batch's PQ-tree "
-        "algorithm so operands are slices instead of gathers; 'none' keeps "
-        "the scheduler's order"),
     "lower_bound": Parameter(
         False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
         lambda value: isinstance(value, bool),
@@ -206,7 +201,6 @@ class Context:
             "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
             "unbatched": collections.Counter(), "gathers": 0, "slices": 0,
             "stacks": 0, "bytes_gathered": 0, "duplicates_skipped": 0,
-            "layout_seconds": 0.0, "layout_dropped": 0,
             "scheduler_fallbacks": 0, "fsm_training_seconds": 0.0,
             "fsm_training_iterations": 0,
             "analysis_seconds": 0.0, "execute_seconds": 0.0}

@@ -134,8 +134,7 @@ def _run(nodes):
         return len(nodes)
     statistics = context.batching
     before = statistics["batches"]
-    graph = batch.execute(nodes, statistics, _scheduler(scheduler),
-                          layout=context.parameters["layout"])
+    graph = batch.execute(nodes, statistics, _scheduler(scheduler))
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

@@ -60,10 +60,12 @@ def test_patterns_give_eager_results_at_every_depth(model_name, level, parameter
     assert replaced_somewhere
 
 
+@pytest.mark.parametrize("scheduler", ["none", "depth", "fsm"])
 @pytest.mark.parametrize("model_name", sorted(MODELS))
-def test_patterns_without_batching(model_name, parameters):
-    """Each replaced node runs its compiled pattern on its own."""
-    parameters(granularity="subgraph", collect=1, scheduler="none")
+def test_patterns_under_every_scheduler(model_name, scheduler, parameters):
+    """Patterns as batched units under the other schedulers ('none': each
+    replaced node runs its compiled pattern on its own)."""
+    parameters(granularity="subgraph", collect=1, scheduler=scheduler)
     rng = np.random.default_rng(1)
     model = MODELS[model_name](rng)
     assert_matches_eager(model, model.random_examples(rng, 4))

@@ -2,30 +2,24 @@
 
 ``execute(nodes)`` takes the unevaluated nodes of one evaluation (in
 recording order), builds their BatchGraph (types, shared operands,
-duplicates), lets the chosen scheduler pick batches, orders each batch's rows
-with the layout planner (``set_parameter("layout", "pq")``), and runs each
-batch as one op through the executor.  ``set_parameter("scheduler", "none")``
+duplicates), lets the chosen scheduler pick batches, and runs each batch as
+one op through the executor.  ``set_parameter("scheduler", "none")``
 turns batching off (each node runs on its own, the reference behaviour).
 """
 
 import time
 
 from .executor import Executor
-from .graph import BatchGraph, NodeOperand
+from .graph import BatchGraph
 
 
-def execute(nodes, statistics, scheduler, layout="none"):
+def execute(nodes, statistics, scheduler):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
-    The whole schedule is decided first (it depends only on the graph's
-    structure), so the layout planner can order every batch's rows before
-    anything runs."""
+    The whole schedule is decided first: it depends only on the graph's
+    structure."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     batches = schedule(graph, scheduler)
-    if layout == "pq":
-        batches, plan = arrange_rows(graph, batches)
-        statistics["layout_seconds"] += plan.seconds
-        statistics["layout_dropped"] += len(plan.dropped)
     statistics["scheduler_fallbacks"] += getattr(scheduler, "fallbacks", 0)
     executor = Executor(graph, statistics)
     analysed = time.perf_counter()
@@ -49,34 +43,6 @@ def schedule(graph, scheduler):
         scheduler.post_process(batch)
         batches.append(batch)
     return batches
-
-
-def arrange_rows(graph, batches):
-    """Reorder the rows of each batch (ED-Batch section 3.2) so that the
-    operands of later batches are contiguous, aligned runs of earlier
-    results -- slices, not gathers -- wherever the constraints allow.
-
-    An operand position takes part when all of its rows come from one earlier
-    batched result (one node operand per member, in the graph, the same
-    output of a multi-output op); any other operand needs a gather anyway."""
-    all_operands = graph.operands
-    sequences_of_batches = []
-    for batch in batches:
-        sequences = [batch]
-        shared = graph.shared_operand[graph.type_of[batch[0]]]
-        for position, is_shared in enumerate(shared):
-            if is_shared:
-                continue
-            operands = [all_operands[index][position] for index in batch]
-            if all(isinstance(operand, NodeOperand) and operand.index >= 0
-                   and operand.pick == operands[0].pick for operand in operands):
-                sequences.append([operand.index for operand in operands])
-        sequences_of_batches.append(sequences)
-    from . import layout
-    plan = layout.plan([index for batch in batches for index in batch],
-                       sequences_of_batches)
-    position = {index: place for place, index in enumerate(plan.order)}
-    return [sorted(batch, key=position.__getitem__) for batch in batches], plan
 
 
 def lower_bound(graph):
