@@ -110,6 +110,10 @@ def debug_summary(before, after, nodes, launches, seconds):
         lines.append(f"  patterns: {grew('pattern_matches')} nodes replaced by "
                      f"{after['patterns']} patterns, search "
                      f"{grew('search_seconds') * 1e3:.1f} ms")
+    if grew("fsm_training_seconds") or grew("scheduler_fallbacks"):
+        lines.append(f"  fsm: learned for {grew('fsm_training_seconds') * 1e3:.0f} ms "
+                     f"({grew('fsm_training_iterations')} episodes), "
+                     f"{grew('scheduler_fallbacks')} unseen states left to agenda")
     if after["lower_bound"] is not None:
         lines.append(f"  lower bound {grew('lower_bound')} launches")
     if sizes:

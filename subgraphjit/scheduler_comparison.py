@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from .batch import lower_bound
 from .batch.graph import BatchGraph
-from .batch.schedulers import SCHEDULERS
+from .batch.schedulers import SCHEDULERS, schedule
 from .batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
 
 COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda",
@@ -28,12 +28,7 @@ COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda",
 
 def count_batches(graph, scheduler):
     """How many batches the scheduler needs for the graph (nothing runs)."""
-    scheduler.init(graph)
-    batches = 0
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
-        batches += 1
-    return batches
+    return len(schedule(graph, scheduler))
 
 
 def recorded_graph(loss_of_minibatch):

@@ -3,14 +3,15 @@
 ``execute(nodes)`` takes the unevaluated nodes of one evaluation (in
 recording order), builds their BatchGraph (types, shared operands,
 duplicates), lets the chosen scheduler pick batches, and runs each batch as
-one op through the executor.  ``set_parameter("scheduler", "none")``
-turns batching off (each node runs on its own, the reference behaviour).
+one op through the executor.  ``set_parameter("scheduler", "none")`` turns
+batching off (each node runs on its own, the reference behaviour).
 """
 
 import time
 
 from .executor import Executor
 from .graph import BatchGraph
+from .schedulers import schedule
 
 
 def execute(nodes, statistics, scheduler):
@@ -33,16 +34,6 @@ def execute(nodes, statistics, scheduler):
         1 for index, canonical in enumerate(graph.duplicate_of)
         if canonical != index)
     return graph
-
-
-def schedule(graph, scheduler):
-    """Every batch the scheduler picks, in order (lists of node indices)."""
-    scheduler.init(graph)
-    batches = []
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
-        batches.append(batch)
-    return batches
 
 
 def lower_bound(graph):

@@ -14,6 +14,18 @@ SCHEDULERS = {scheduler.name: scheduler
               for scheduler in (DepthScheduler, AgendaScheduler)}
 
 
+def schedule(graph, scheduler):
+    """Every batch the scheduler picks for the graph, in order (lists of
+    node indices).  Schedules depend only on the graph's structure, so this
+    needs no values."""
+    scheduler.init(graph)
+    batches = []
+    while (batch := scheduler.next_batch()) is not None:
+        scheduler.post_process(batch)
+        batches.append(batch)
+    return batches
+
+
 def depths(graph):
     """Topological depth of every node: 1 + the deepest operand in the graph
     (nodes that are not scheduled add nothing)."""

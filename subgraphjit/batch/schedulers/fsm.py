@@ -25,19 +25,32 @@ other type-a nodes (Lemma 2.1: then batching ``a`` now is optimal).  Here
 node among their ancestors, however many other ops lie between (in a
 Tree-LSTM a node's matmul waits for its children's matmuls through a dozen
 elementwise ops; counting only direct edges would see no chain at all).
-Q-values are updated with N-step returns and exploration is epsilon-greedy;
-training stops early once the greedy policy needs no more batches than
-ED-Batch's lower bound (appendix A.3), checked every ``check_every``
-episodes.  A state the table has never seen falls back to the agenda
-heuristic, and is counted.
+Where the table knows no action yet, exploitation follows that same
+condition as a heuristic (the ready type with the largest share of its own
+frontier), so learning starts from a good schedule -- on trees and chains it
+already meets the lower bound.  Q-values are updated with N-step returns and
+exploration is epsilon-greedy; training stops once the greedy policy needs
+no more batches than ED-Batch's lower bound (appendix A.3, checked every
+``check_every`` episodes), or at ``max_iterations`` or the time limit, and
+keeps the table of the best greedy schedule it saw.
+
+At run time a state the table has never seen is looked up by its set of
+ready types, else decided by the agenda heuristic (counted as a fallback);
+a schedule with any such guess is compared with agenda's own and the
+shorter runs, so the FSM never costs more batches than agenda.
 """
 
 import dataclasses
 import json
+import os
 import random
 import time
 
 from tqdm import tqdm
+
+from .. import lower_bound
+from . import depths, schedule
+from .agenda import AgendaScheduler
 
 ENCODINGS = ("sort", "max", "base")
 
@@ -92,7 +105,6 @@ class Simulation:
     ready, and the frontier of each type's own subgraph (for the reward)."""
 
     def __init__(self, graph):
-        from . import depths
         type_of = graph.type_of
         self.nodes = [index for index, node_type in enumerate(type_of)
                       if node_type >= 0]
@@ -230,7 +242,6 @@ class FsmPolicy:
         subgraph's frontier), which is where learning starts; Q-learning then
         improves on it where exploration finds fewer batches.  The table of
         the best greedy schedule seen is kept."""
-        from .. import lower_bound
         config = self.config
         started = time.perf_counter()
         simulation = Simulation(graph)
@@ -395,7 +406,6 @@ class FsmScheduler:
         self.agenda_was_shorter = False
 
     def init(self, graph):
-        from .agenda import AgendaScheduler
         if self.policy.needs_training:
             report = self.policy.train(graph)
             if self.statistics is not None:
@@ -405,8 +415,7 @@ class FsmScheduler:
                 self.on_trained(self.policy)
         batches = self._schedule(graph)
         if self.fallbacks or self.coarse_decisions:
-            agenda = AgendaScheduler()
-            agenda_batches = list(_batches(graph, agenda))
+            agenda_batches = schedule(graph, AgendaScheduler())
             if len(agenda_batches) < len(batches):
                 batches, self.agenda_was_shorter = agenda_batches, True
         if self.fallbacks > self.policy.config.retrain_share * self.decisions:
@@ -422,7 +431,6 @@ class FsmScheduler:
     def _schedule(self, graph):
         """The policy's schedule; the agenda scheduler keeps the ready lists
         and dependency counts, the policy replaces its choice of type."""
-        from .agenda import AgendaScheduler
         agenda = AgendaScheduler()
         agenda.init(graph)
         ready, names = agenda._ready, graph.type_names
@@ -449,17 +457,9 @@ class FsmScheduler:
         return batches
 
 
-def _batches(graph, scheduler):
-    scheduler.init(graph)
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
-        yield batch
-
-
 def policy_for(encoding, path):
     """The policy to schedule with: loaded from ``path`` if that file exists
     (no training), else a new one to be learned."""
-    import os
     if path and os.path.exists(path):
         return FsmPolicy.load(path, encoding)
     return FsmPolicy(FsmConfig(encoding=encoding))
