@@ -55,17 +55,25 @@ def _make_experiments_importable():
         sys.path.insert(0, str(repository))
 
 
-def example_minibatches(batch_size, seed):
-    """(name, loss_of_minibatch for training, for testing) per model."""
+def example_minibatches(batch_size, seed, models=None):
+    """(name, loss_of_minibatch for training, for testing) per model, for
+    the models named in ``models`` (all if None)."""
     _make_experiments_importable()
     from experiments.example_models import MODELS, LatticeLSTM
 
+    def wanted(name):
+        return models is None or name in models
+
     rng = np.random.default_rng(seed)
     for name, model_class in MODELS.items():
-        model = model_class(rng)
-        yield name, *(_loss_over(model, model.random_examples(rng, batch_size))
-                      for _ in range(2))
-    yield ("tree_lstm_sst", *_sst_minibatches(batch_size, seed))
+        if wanted(name):
+            model = model_class(rng)
+            yield name, *(_loss_over(model, model.random_examples(rng, batch_size))
+                          for _ in range(2))
+    if wanted("tree_lstm_sst"):
+        yield ("tree_lstm_sst", *_sst_minibatches(batch_size, seed))
+    if not wanted("lattice_lstm_weibo"):
+        return
     from experiments.weibo_ner import Lattices
     lattices = Lattices()
     examples = lattices.examples("train", 2 * batch_size)
@@ -100,8 +108,9 @@ def compare(batch_size=32, seed=0, config=None, models=None):
     """One row per model (see COLUMNS)."""
     config = config or FsmConfig()
     rows = []
-    sources = [source for source in example_minibatches(batch_size, seed)
-               if models is None or source[0] in models]
+    sources = list(example_minibatches(batch_size, seed, models))
+    if not sources:
+        raise SystemExit(f"--models: none of {sorted(models)} is a model here")
     for name, train_loss, test_loss in tqdm(sources, desc="comparing schedulers",
                                             unit="model"):
         train_graph, test_graph = recorded_graph(train_loss), recorded_graph(test_loss)

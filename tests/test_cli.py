@@ -64,3 +64,23 @@ def test_python_dash_m_runs_the_command():
     result = subprocess.run([sys.executable, "-m", "subgraphjit", "tune", "--help"],
                             capture_output=True, text=True, check=True)
     assert "--depths" in result.stdout
+
+
+def test_tune_schedulers_compares_batches_and_sweeps(tmp_path, capsys):
+    table = tmp_path / "schedulers.csv"
+    cli.main(["tune", "--schedulers", "--models", "tree_gru,bilstm_tagger",
+              "--batch-size", "6", "--fsm-sweep", "alpha=0.5,1",
+              "--csv", str(table)])
+    printed = capsys.readouterr().out
+    assert "ED-Batch figure 7" in printed and "FSM settings: alpha=0.5" in printed
+    with open(table) as handle:
+        lines = list(csv.DictReader(handle))
+    assert [(line["alpha"], line["model"]) for line in lines] == [
+        ("0.5", "tree_gru"), ("0.5", "bilstm_tagger"),
+        ("1.0", "tree_gru"), ("1.0", "bilstm_tagger")]
+    for line in lines:
+        bound, agenda, fsm = (int(line[key]) for key in
+                              ("lower bound", "agenda", "fsm-sort"))
+        assert bound <= fsm <= agenda
+    with pytest.raises(SystemExit, match="KEY one of"):
+        cli.main(["tune", "--schedulers", "--fsm-sweep", "gamma=1"])
