@@ -10,6 +10,7 @@ generalise to new inputs).  The models are the example models of
 trees and the lattice LSTM on Weibo NER messages.
 """
 
+import dataclasses
 import pathlib
 import sys
 
@@ -117,7 +118,7 @@ def compare(batch_size=32, seed=0, config=None, models=None):
         counts = {scheduler: count_batches(test_graph, SCHEDULERS[scheduler]())
                   for scheduler in ("depth", "agenda")}
         for encoding in ENCODINGS:
-            policy = FsmPolicy(FsmConfig(**{**config.__dict__, "encoding": encoding}))
+            policy = FsmPolicy(dataclasses.replace(config, encoding=encoding))
             report = policy.train(train_graph, progress=False)
             scheduler = FsmScheduler(policy)
             counts[f"fsm-{encoding}"] = count_batches(test_graph, scheduler)
@@ -135,8 +136,8 @@ def compare(batch_size=32, seed=0, config=None, models=None):
 
 def print_rows(rows, batch_size, config):
     print(f"\nBatches per minibatch of {batch_size} (ED-Batch figure 7 and "
-          f"table 4); the FSM ({config.encoding} encoding for the last four "
-          "columns) trained on another minibatch:")
+          f"table 4); the FSM ({config.encoding} encoding for fsm/agenda and "
+          "the last five columns) trained on another minibatch:")
     cells = [[str(value) if not isinstance(value, float) else
               f"{value:.2f}" for value in row] for row in rows]
     widths = [max(len(line[i]) for line in cells + [list(COLUMNS)])
