@@ -52,7 +52,7 @@ def parse_arguments(argv=None):
                         help="dev trees (a fixed random sample) for the "
                              "accuracy; 0 skips it")
     parser.add_argument("--scheduler", default="agenda",
-                        help="subgraphjit's scheduler (agenda, depth, none)")
+                        help="subgraphjit's scheduler (agenda, depth, fsm, none)")
     parser.add_argument("--depth", type=int, default=8, help="P_Depth")
     parser.add_argument("--collect", type=int, default=3, help="P_Collect")
     parser.add_argument("--threads", type=int, default=1,
