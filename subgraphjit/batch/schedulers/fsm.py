@@ -67,7 +67,7 @@ class FsmConfig:
     epsilon: float = 0.2          # exploration rate of epsilon-greedy
     max_iterations: int = 1000    # training episodes at most (as ED-Batch)
     check_every: int = 50         # episodes between lower-bound checks
-    time_limit_seconds: float = 10.0
+    time_limit_seconds: float = 5.0    # "at most a few seconds"
     train_graphs: int = 1         # minibatches to learn from before freezing
     retrain_share: float = 0.5    # learn again when more decisions fell back
     seed: int = 0
