@@ -1,0 +1,205 @@
+"""PQ trees (Booth and Lueker 1976): every order of a set in which given
+subsets are each consecutive, held in one tree.
+
+Leaves are the items; a P-node's children may come in any order; a Q-node's
+children come in their order or its reverse.  The tree's orders are those a
+depth-first walk can give.  ``reduce(subset)`` adds a constraint -- the
+subset must be consecutive -- by reshaping the smallest subtree holding the
+subset (the *pertinent* subtree): each of its nodes is *full* (all its leaves
+in the subset), *empty* (none) or *partial*, and the reduction templates turn
+partial nodes into Q-nodes whose full children sit at one end (at either end
+of a run, for the pertinent root).  If no order meets the constraint along
+with the earlier ones, ``reduce`` returns False and leaves the tree as it
+was.  This is the building block of ED-Batch's memory-layout planner
+(section 3.2), which would make batched operands slices instead of gathers.
+
+This version recomputes the pertinent subtree's labels from its leaves
+instead of Booth and Lueker's bubbling, so a reduction costs the size of the
+pertinent subtree rather than of the subset: simpler, and just as fast when
+constraints are small, as batches' operands are.
+
+>>> tree = PQTree("abcdef")
+>>> tree.reduce("bc"), tree.reduce("cd"), tree.reduce("ef")
+(True, True, True)
+>>> tree
+P[a, Q[b, c, d], P[e, f]]
+>>> tree.count_orders()
+24
+>>> tree.reduce("bd")   # b, c, d are in a row with c in the middle
+False
+>>> "".join(tree.frontier())
+'abcdef'
+"""
+
+import math
+
+
+class Node:
+    __slots__ = ("kind", "children", "item", "parent")
+
+    def __init__(self, kind, children=(), item=None):
+        self.kind = kind            # "leaf", "P" or "Q"
+        self.children = list(children)
+        self.item = item
+        # Set by PQTree._adopt once a reduction has succeeded, so a failed
+        # one leaves every existing node as it was.
+        self.parent = None
+
+    def __repr__(self):
+        if self.kind == "leaf":
+            return str(self.item)
+        return f"{self.kind}[{', '.join(map(repr, self.children))}]"
+
+
+class _Unsatisfiable(Exception):
+    pass
+
+
+def _group(nodes):
+    """One node for some siblings that may come in any order."""
+    return nodes[0] if len(nodes) == 1 else Node("P", nodes)
+
+
+class PQTree:
+    def __init__(self, items):
+        self.leaf = {item: Node("leaf", item=item) for item in items}
+        if len(self.leaf) != len(list(items)):
+            raise ValueError("PQTree: the items must be distinct")
+        self.root = Node("P", self.leaf.values())
+        self._adopt(self.root)
+
+    def __repr__(self):
+        return repr(self.root)
+
+    def frontier(self):
+        """One admissible order of the items."""
+        order, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.kind == "leaf":
+                order.append(node.item)
+            else:
+                stack.extend(reversed(node.children))
+        return order
+
+    def count_orders(self):
+        """How many orders the tree admits."""
+        total, stack = 1, [self.root]
+        while stack:
+            node = stack.pop()
+            if node.kind == "P":
+                total *= math.factorial(len(node.children))
+            elif node.kind == "Q":
+                total *= 2
+            stack.extend(node.children)
+        return total
+
+    def reduce(self, subset):
+        """Require the items of ``subset`` to be consecutive; False (and the
+        tree unchanged) if that is impossible with the earlier constraints."""
+        leaves = [self.leaf[item] for item in set(subset)]
+        if len(leaves) <= 1 or len(leaves) == len(self.leaf):
+            return True
+        pertinent = {}
+        for leaf in leaves:
+            node = leaf
+            while node is not None:
+                pertinent[id(node)] = pertinent.get(id(node), 0) + 1
+                node = node.parent
+        root = leaves[0]
+        while pertinent[id(root)] < len(leaves):
+            root = root.parent
+        try:
+            replacement = self._arrange_root(root, pertinent)
+        except _Unsatisfiable:
+            return False
+        parent = root.parent
+        if parent is None:
+            self.root = replacement
+        else:
+            parent.children[parent.children.index(root)] = replacement
+        replacement.parent = parent
+        self._adopt(replacement)
+        return True
+
+    @staticmethod
+    def _adopt(node):
+        """Point every child below a rebuilt node at its parent."""
+        stack = [node]
+        while stack:
+            node = stack.pop()
+            for child in node.children:
+                child.parent = node
+                stack.append(child)
+
+    # -- the templates -----------------------------------------------------
+    def _labels(self, node, pertinent):
+        """(label, child or its children run from empty to full) per child:
+        label 'E' empty, 'F' full, 'P' partial."""
+        labelled = []
+        for child in node.children:
+            if id(child) not in pertinent:
+                labelled.append(("E", child))
+            else:
+                labelled.append(self._arrange(child, pertinent))
+        return labelled
+
+    def _arrange(self, node, pertinent):
+        """A node below the pertinent root: ('F', node) if full, else
+        ('P', [children from the empty end to the full end])."""
+        if node.kind == "leaf":
+            return "F", node
+        labelled = self._labels(node, pertinent)
+        if all(label == "F" for label, _ in labelled):
+            return "F", node
+        if node.kind == "P":     # templates P3 and P5
+            empty = [child for label, child in labelled if label == "E"]
+            full = [child for label, child in labelled if label == "F"]
+            partial = [run for label, run in labelled if label == "P"]
+            if len(partial) > 1:
+                raise _Unsatisfiable
+            return "P", (([_group(empty)] if empty else [])
+                         + (partial[0] if partial else [])
+                         + ([_group(full)] if full else []))
+        # Q-node, template Q2: empties, at most one partial child, then
+        # fulls -- in this order or reversed.
+        for oriented in (labelled, labelled[::-1]):
+            labels = "".join(label for label, _ in oriented)
+            first = len(labels) - len(labels.lstrip("E"))
+            rest = labels[first + 1:]
+            if rest.strip("F") == "":
+                run = []
+                for label, part in oriented:
+                    run.extend(part if label == "P" else [part])
+                return "P", run
+        raise _Unsatisfiable
+
+    def _arrange_root(self, node, pertinent):
+        """The pertinent root rebuilt so that its full leaves are one run."""
+        labelled = self._labels(node, pertinent)
+        if node.kind == "P":     # templates P2, P4 and P6
+            empty = [child for label, child in labelled if label == "E"]
+            full = [child for label, child in labelled if label == "F"]
+            partial = [run for label, run in labelled if label == "P"]
+            if len(partial) > 2:
+                raise _Unsatisfiable
+            middle = ((partial[0] if partial else [])
+                      + ([_group(full)] if full else [])
+                      + (partial[1][::-1] if len(partial) == 2 else []))
+            core = middle[0] if len(middle) == 1 else Node(
+                "Q" if partial else "P", middle)
+            return Node("P", empty + [core]) if empty else core
+        # Q-node, template Q3: empties, a partial child, fulls, a partial
+        # child, empties; the pertinent children in one run.
+        labels = "".join(label for label, _ in labelled)
+        first = len(labels) - len(labels.lstrip("E"))
+        last = len(labels.rstrip("E")) - 1
+        if labels[first + 1:last].strip("F") != "":
+            raise _Unsatisfiable
+        children = []
+        for position, (label, part) in enumerate(labelled):
+            if label != "P":
+                children.append(part)
+            else:
+                children.extend(part if position == first else part[::-1])
+        return Node("Q", children)
