@@ -5,10 +5,10 @@ The files live in ``../shared/data/sst`` beside the repository, or in
 ``(3 (2 (2 The) (2 Rock)) (4 ...))``; every internal node has two children.
 """
 
-import os
-import pathlib
 from dataclasses import dataclass
 from typing import Optional
+
+from experiments.data import data_directory
 
 UNKNOWN = "<unk>"
 
@@ -36,13 +36,6 @@ class Tree:
 
     def words(self):
         return [node.word for node in self.nodes() if node.is_leaf]
-
-
-def data_directory():
-    root = os.environ.get("SUBGRAPHJIT_DATA")
-    if root:
-        return pathlib.Path(root) / "sst"
-    return pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"
 
 
 def parse_tree(text):
@@ -77,7 +70,7 @@ def load_split(name, limit=None, binary=True):
     """Trees of ``train``, ``dev`` or ``test``.  ``binary`` drops neutral
     sentences (root label 2) and maps labels 0-1 to 0 and 3-4 to 1 on every
     node, as in the binary SST task; otherwise labels stay 0-4."""
-    path = data_directory() / f"{name}.txt"
+    path = data_directory("sst") / f"{name}.txt"
     if not path.exists():
         raise FileNotFoundError(
             f"SST file {path} not found: put the data in ../shared/data/sst "

@@ -13,24 +13,17 @@ a word span, so spans overlap and jump over one another as in a real lattice.
 """
 
 import collections
-import os
-import pathlib
+
+from experiments.data import data_directory
 
 UNKNOWN = "<unk>"
 LONGEST_WORD = 4
 
 
-def data_directory():
-    root = os.environ.get("SUBGRAPHJIT_DATA")
-    if root:
-        return pathlib.Path(root) / "weibo_ner"
-    return pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "weibo_ner"
-
-
 def read_messages(split):
     """The messages of one split ('train', 'dev', 'test'): lists of
     (character, starts_word, tag)."""
-    path = data_directory() / f"weiboNER_2nd_conll.{split}"
+    path = data_directory("weibo_ner") / f"weiboNER_2nd_conll.{split}"
     if not path.exists():
         raise FileNotFoundError(
             f"Weibo NER file {path} is missing; put the data set in "

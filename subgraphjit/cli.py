@@ -146,18 +146,19 @@ def compare_schedulers(arguments):
     from .batch.schedulers.fsm import FsmConfig
 
     models = arguments.models.split(",") if arguments.models else None
+    sweep = parse_sweep(arguments.fsm_sweep)
+    configs = [FsmConfig(**overrides) for overrides in sweep]
+    rows = scheduler_comparison.compare(arguments.batch_size, configs=configs,
+                                        models=models)
     all_rows = []
-    for overrides in parse_sweep(arguments.fsm_sweep):
-        config = FsmConfig(**overrides)
+    for overrides, config in zip(sweep, configs):
         if overrides:
             print("\nFSM settings: " + ", ".join(
                 f"{key}={value}" for key, value in overrides.items()))
-        rows = scheduler_comparison.compare(arguments.batch_size, config=config,
-                                            models=models)
-        scheduler_comparison.print_rows(rows, arguments.batch_size, config)
-        all_rows += [(*overrides.values(), *row) for row in rows]
+        scheduler_comparison.print_rows(rows[config], arguments.batch_size, config)
+        all_rows += [(*overrides.values(), *row) for row in rows[config]]
     if arguments.csv:
-        sweep_keys = list(parse_sweep(arguments.fsm_sweep)[0])
+        sweep_keys = list(sweep[0])
         with open(arguments.csv, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow([*sweep_keys, *scheduler_comparison.COLUMNS])

@@ -105,32 +105,35 @@ def _sst_minibatches(batch_size, seed):
     return loss_over(trees[:batch_size]), loss_over(trees[batch_size:])
 
 
-def compare(batch_size=32, seed=0, config=None, models=None):
-    """One row per model (see COLUMNS)."""
-    config = config or FsmConfig()
-    rows = []
+def compare(batch_size=32, seed=0, configs=(FsmConfig(),), models=None):
+    """Rows (see COLUMNS) per FSM config, one per model; each model's
+    minibatches are recorded once for every config."""
+    rows = {config: [] for config in configs}
     sources = list(example_minibatches(batch_size, seed, models))
     if not sources:
         raise SystemExit(f"--models: none of {sorted(models)} is a model here")
     for name, train_loss, test_loss in tqdm(sources, desc="comparing schedulers",
                                             unit="model"):
         train_graph, test_graph = recorded_graph(train_loss), recorded_graph(test_loss)
-        counts = {scheduler: count_batches(test_graph, SCHEDULERS[scheduler]())
-                  for scheduler in ("depth", "agenda")}
-        for encoding in ENCODINGS:
-            policy = FsmPolicy(dataclasses.replace(config, encoding=encoding))
-            report = policy.train(train_graph, progress=False)
-            scheduler = FsmScheduler(policy)
-            counts[f"fsm-{encoding}"] = count_batches(test_graph, scheduler)
-            if encoding == config.encoding:
-                chosen = (report, scheduler.coarse_decisions, scheduler.fallbacks)
-        report, coarse, fallbacks = chosen
-        fsm = counts[f"fsm-{config.encoding}"]
-        rows.append((name, sum(t >= 0 for t in test_graph.type_of),
-                     lower_bound(test_graph), counts["depth"], counts["agenda"],
-                     *(counts[f"fsm-{encoding}"] for encoding in ENCODINGS),
-                     counts["agenda"] / fsm, report.seconds, report.iterations,
-                     report.states, coarse, fallbacks))
+        heuristics = {scheduler: count_batches(test_graph, SCHEDULERS[scheduler]())
+                      for scheduler in ("depth", "agenda")}
+        for config in configs:
+            counts = dict(heuristics)
+            for encoding in ENCODINGS:
+                policy = FsmPolicy(dataclasses.replace(config, encoding=encoding))
+                report = policy.train(train_graph, progress=False)
+                scheduler = FsmScheduler(policy)
+                counts[f"fsm-{encoding}"] = count_batches(test_graph, scheduler)
+                if encoding == config.encoding:
+                    chosen = (report, scheduler.coarse_decisions, scheduler.fallbacks)
+            report, coarse, fallbacks = chosen
+            fsm = counts[f"fsm-{config.encoding}"]
+            rows[config].append((
+                name, sum(t >= 0 for t in test_graph.type_of),
+                lower_bound(test_graph), counts["depth"], counts["agenda"],
+                *(counts[f"fsm-{encoding}"] for encoding in ENCODINGS),
+                counts["agenda"] / fsm, report.seconds, report.iterations,
+                report.states, coarse, fallbacks))
     return rows
 
 

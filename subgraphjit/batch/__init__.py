@@ -21,7 +21,6 @@ def execute(nodes, statistics, scheduler):
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     batches = schedule(graph, scheduler)
-    statistics["scheduler_fallbacks"] += getattr(scheduler, "fallbacks", 0)
     executor = Executor(graph, statistics)
     analysed = time.perf_counter()
     for batch in batches:

@@ -14,7 +14,8 @@ class AgendaScheduler:
         self._depth_sum = [0] * type_count
         self._waiting_for = {}
         self._consumers = {}
-        self._ready = {}
+        # Ready nodes by type (public: the FSM scheduler picks from them).
+        self.ready = {}
         for index, node_type in enumerate(graph.type_of):
             if node_type < 0:
                 continue
@@ -26,14 +27,14 @@ class AgendaScheduler:
                 for source in needed:
                     self._consumers.setdefault(source, []).append(index)
             else:
-                self._ready.setdefault(node_type, []).append(index)
+                self.ready.setdefault(node_type, []).append(index)
 
     def next_batch(self):
-        if not self._ready:
+        if not self.ready:
             return None
-        chosen = min(self._ready, key=lambda node_type:
+        chosen = min(self.ready, key=lambda node_type:
                      self._depth_sum[node_type] / self._remaining[node_type])
-        return self._ready.pop(chosen)
+        return self.ready.pop(chosen)
 
     def post_process(self, batch):
         depth = self._depth_of_index
@@ -45,4 +46,4 @@ class AgendaScheduler:
                 self._waiting_for[consumer] -= 1
                 if self._waiting_for[consumer] == 0:
                     del self._waiting_for[consumer]
-                    self._ready.setdefault(self._type_of[consumer], []).append(consumer)
+                    self.ready.setdefault(self._type_of[consumer], []).append(consumer)

@@ -100,6 +100,17 @@ class TrainingReport:
     states: int
 
 
+def ready_names(ready, names):
+    """{type name: ready nodes} of a frontier given as {type: ready nodes},
+    and the ready type of each name."""
+    counts, type_of_name = {}, {}
+    for node_type, nodes in ready.items():
+        name = names[node_type]
+        counts[name] = counts.get(name, 0) + len(nodes)
+        type_of_name.setdefault(name, node_type)
+    return counts, type_of_name
+
+
 class Simulation:
     """Algorithm 1 over a BatchGraph's dependency structure: which nodes are
     ready, and the frontier of each type's own subgraph (for the reward)."""
@@ -157,14 +168,6 @@ class Simulation:
             if not self.type_waiting[index]:
                 self.type_frontier[node_type] += 1
 
-    def ready_names(self):
-        """{type name: ready nodes}, and the ready type of each name."""
-        counts, type_of_name = {}, {}
-        for node_type, nodes in self.ready.items():
-            name = self.names[node_type]
-            counts[name] = counts.get(name, 0) + len(nodes)
-            type_of_name.setdefault(name, node_type)
-        return counts, type_of_name
 
     def step(self, node_type, alpha):
         """Run the ready nodes of one type; returns the reward (equation 1)."""
@@ -191,12 +194,6 @@ class Simulation:
             len(self.ready[node_type]) / self.type_frontier[node_type],
             -self.remaining_depth[node_type] / self.remaining[node_type]))
 
-    def agenda_choice(self):
-        """DyNet's choice: the ready type whose remaining nodes are shallowest
-        on average (for unseen states, and agenda's count in the report)."""
-        return min(self.ready, key=lambda node_type:
-                   self.remaining_depth[node_type] / self.remaining[node_type])
-
 
 class FsmPolicy:
     """The learned FSM: a Q-table from states to {type name: value}."""
@@ -215,20 +212,20 @@ class FsmPolicy:
     def needs_training(self):
         return self.retrain or self.graphs_trained < self.config.train_graphs
 
-    def choose(self, state, ready_names):
+    def choose(self, state, ready_counts):
         """The greedy type name for a state, or None if the state is unseen."""
         values = self.table.get(state)
         if not values:
             return None
-        known = [name for name in ready_names if name in values]
+        known = [name for name in ready_counts if name in values]
         if not known:
             return None
         return max(known, key=lambda name: (values[name], name))
 
-    def choose_coarse(self, ready_names):
+    def choose_coarse(self, ready_counts):
         """The learned schedule's commonest choice for this set of ready
         types, or None."""
-        votes = self.coarse.get(encode("base", ready_names))
+        votes = self.coarse.get(encode("base", ready_counts))
         if not votes:
             return None
         return max(votes, key=lambda name: (votes[name], name))
@@ -246,10 +243,9 @@ class FsmPolicy:
         started = time.perf_counter()
         simulation = Simulation(graph)
         bound = lower_bound(graph)
-        agenda = self._episode(simulation, lambda state, values: None,
-                               fallback=simulation.agenda_choice)
+        agenda = len(schedule(graph, AgendaScheduler()))
         rng = random.Random(config.seed)
-        best, best_table = self.greedy_batches(simulation), _copy(self.table)
+        best, best_table = self._greedy_episode(simulation), _copy(self.table)
         iterations = 0
         with tqdm(total=config.max_iterations, desc="learning FSM schedule",
                   unit="episode", leave=False, delay=1.0,
@@ -260,37 +256,30 @@ class FsmPolicy:
                 iterations += 1
                 bar.update()
                 if iterations % config.check_every == 0:
-                    greedy = self.greedy_batches(simulation)
+                    greedy = self._greedy_episode(simulation)
                     if greedy < best:
                         best, best_table = greedy, _copy(self.table)
                     bar.set_postfix(batches=best, lower_bound=bound)
         self.table = best_table
         # Every state of the final greedy schedule goes into the table, so
         # the schedule runs as learned (not through the runtime's fallback).
-        self._episode(simulation, self._greedy_action,
-                      fallback=simulation.heuristic_choice, record=True)
+        self._greedy_episode(simulation, record=True)
         self.graphs_trained += 1
         self.retrain = False
         return TrainingReport(iterations, time.perf_counter() - started, best,
                               bound, agenda, len(self.table))
 
-    def greedy_batches(self, simulation):
-        return self._episode(simulation, self._greedy_action,
-                             fallback=simulation.heuristic_choice)
-
-    def _greedy_action(self, state, names):
-        return self.choose(state, names)
-
-    def _episode(self, simulation, choose, fallback, record=False):
-        """Batches of one schedule: ``choose(state, ready names)`` returns a
-        name or None (then ``fallback()`` picks the type)."""
+    def _greedy_episode(self, simulation, record=False):
+        """Batches of the greedy schedule (the heuristic where the table
+        knows no action); ``record`` puts its choices into the tables."""
         simulation.reset()
         batches = 0
         while simulation.ready:
-            names, type_of_name = simulation.ready_names()
+            names, type_of_name = ready_names(simulation.ready, simulation.names)
             state = encode(self.config.encoding, names)
-            name = choose(state, names)
-            node_type = type_of_name[name] if name is not None else fallback()
+            name = self.choose(state, names)
+            node_type = (type_of_name[name] if name is not None
+                         else simulation.heuristic_choice())
             if record:
                 chosen = simulation.names[node_type]
                 if name is None:
@@ -307,7 +296,7 @@ class FsmPolicy:
         simulation.reset()
         trajectory = []   # (state, action name, reward)
         while simulation.ready:
-            names, type_of_name = simulation.ready_names()
+            names, type_of_name = ready_names(simulation.ready, simulation.names)
             state = encode(config.encoding, names)
             if rng.random() < config.epsilon:
                 action = rng.choice(sorted(names))
@@ -392,7 +381,8 @@ class FsmScheduler:
     schedule is made in ``init``; when it needed any such guess, agenda's
     own schedule is made too and the shorter one runs, so the FSM never
     costs more batches than agenda.  ``statistics`` (optional) receives the
-    training time; ``on_trained(policy)`` is called after training."""
+    training time and the fallbacks; ``on_trained(policy)`` is called after
+    training."""
 
     name = "fsm"
 
@@ -403,7 +393,6 @@ class FsmScheduler:
         self.fallbacks = 0          # unseen states: agenda's choice
         self.coarse_decisions = 0   # unseen states known by their type set
         self.decisions = 0
-        self.agenda_was_shorter = False
 
     def init(self, graph):
         if self.policy.needs_training:
@@ -417,7 +406,9 @@ class FsmScheduler:
         if self.fallbacks or self.coarse_decisions:
             agenda_batches = schedule(graph, AgendaScheduler())
             if len(agenda_batches) < len(batches):
-                batches, self.agenda_was_shorter = agenda_batches, True
+                batches = agenda_batches
+        if self.statistics is not None:
+            self.statistics["scheduler_fallbacks"] += self.fallbacks
         if self.fallbacks > self.policy.config.retrain_share * self.decisions:
             self.policy.retrain = True   # a graph it mostly does not know
         self._batches = batches[::-1]
@@ -433,16 +424,12 @@ class FsmScheduler:
         and dependency counts, the policy replaces its choice of type."""
         agenda = AgendaScheduler()
         agenda.init(graph)
-        ready, names = agenda._ready, graph.type_names
+        ready, names = agenda.ready, graph.type_names
         encoding, policy = self.policy.config.encoding, self.policy
         batches = []
         while ready:
             self.decisions += 1
-            counts, type_of_name = {}, {}
-            for node_type, nodes in ready.items():
-                name = names[node_type]
-                counts[name] = counts.get(name, 0) + len(nodes)
-                type_of_name.setdefault(name, node_type)
+            counts, type_of_name = ready_names(ready, names)
             name = policy.choose(encode(encoding, counts), counts)
             if name is None:
                 name = policy.choose_coarse(counts)
