@@ -94,12 +94,9 @@ class PQTree:
             stack.extend(node.children)
         return total
 
-    def reduce(self, subset):
-        """Require the items of ``subset`` to be consecutive; False (and the
-        tree unchanged) if that is impossible with the earlier constraints."""
-        leaves = [self.leaf[item] for item in set(subset)]
-        if len(leaves) <= 1 or len(leaves) == len(self.leaf):
-            return True
+    def _pertinent(self, leaves):
+        """Per ancestor of the leaves (by id), how many of them it holds; and
+        the smallest subtree holding them all."""
         pertinent = {}
         for leaf in leaves:
             node = leaf
@@ -109,6 +106,45 @@ class PQTree:
         root = leaves[0]
         while pertinent[id(root)] < len(leaves):
             root = root.parent
+        return pertinent, root
+
+    def block(self, subset):
+        """The children whose leaves are exactly ``subset``, as (node, run):
+        all of a node's children, or a run of a Q-node's; (leaf, []) for a
+        single item.  None when the subset is not consecutive in every order
+        the tree admits.
+
+        >>> tree = PQTree("abcd")
+        >>> tree.reduce("ab"), tree.reduce("bc")
+        (True, True)
+        >>> tree.block("bc")
+        (Q[a, b, c], [b, c])
+        >>> tree.block("ac") is None
+        True
+        """
+        leaves = [self.leaf[item] for item in set(subset)]
+        if len(leaves) == 1:
+            return leaves[0], []
+        pertinent, root = self._pertinent(leaves)
+        places = [place for place, child in enumerate(root.children)
+                  if id(child) in pertinent]
+        if places[-1] - places[0] + 1 != len(places):
+            return None
+        run = root.children[places[0]:places[-1] + 1]
+        if len(run) < len(root.children) and root.kind != "Q":
+            return None
+        if any(_leaf_count(child, pertinent[id(child)]) != pertinent[id(child)]
+               for child in run):
+            return None
+        return root, run
+
+    def reduce(self, subset):
+        """Require the items of ``subset`` to be consecutive; False (and the
+        tree unchanged) if that is impossible with the earlier constraints."""
+        leaves = [self.leaf[item] for item in set(subset)]
+        if len(leaves) <= 1 or len(leaves) == len(self.leaf):
+            return True
+        pertinent, root = self._pertinent(leaves)
         try:
             replacement = self._arrange_root(root, pertinent)
         except _Unsatisfiable:
@@ -203,3 +239,15 @@ class PQTree:
             else:
                 children.extend(part if position == first else part[::-1])
         return Node("Q", children)
+
+
+def _leaf_count(node, limit):
+    """Leaves below the node, counting no further than ``limit`` + 1."""
+    count, stack = 0, [node]
+    while stack and count <= limit:
+        node = stack.pop()
+        if node.kind == "leaf":
+            count += 1
+        else:
+            stack.extend(node.children)
+    return count
