@@ -70,6 +70,11 @@ PARAMETERS = {
         "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
         "'fsm' (ED-Batch: a policy learned by Q-learning on the first "
         "minibatch), or 'none' to run every node on its own"),
+    "layout": Parameter(
+        "none", str, _one_of("none", "pq"),
+        "row order of batched results: as scheduled ('none'), or planned "
+        "with ED-Batch's PQ tree ('pq') so that operands are slices of "
+        "earlier results instead of gathers"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
@@ -203,7 +208,8 @@ class Context:
             "stacks": 0, "bytes_gathered": 0, "duplicates_skipped": 0,
             "scheduler_fallbacks": 0, "fsm_training_seconds": 0.0,
             "fsm_training_iterations": 0,
-            "analysis_seconds": 0.0, "execute_seconds": 0.0}
+            "layout_seconds": 0.0, "analysis_seconds": 0.0,
+            "execute_seconds": 0.0}
         self.inference_seconds = 0.0
         self.search_seconds = 0.0
         self.pattern_matches = 0

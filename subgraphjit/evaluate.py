@@ -102,7 +102,8 @@ def debug_summary(before, after, nodes, launches, seconds):
         f"subgraphjit evaluation {context.session}: {nodes} nodes, {launches} "
         f"launches (scheduler {context.parameters['scheduler']}), "
         f"{seconds * 1e3:.1f} ms",
-        f"  analysis {grew('analysis_seconds') * 1e3:.1f} ms, execution "
+        f"  analysis {grew('analysis_seconds') * 1e3:.1f} ms (row layout "
+        f"{grew('layout_seconds') * 1e3:.1f} ms), execution "
         f"{grew('execute_seconds') * 1e3:.1f} ms, duplicates skipped "
         f"{grew('duplicates_skipped')}",
     ]
@@ -138,7 +139,8 @@ def _run(nodes):
         return len(nodes)
     statistics = context.batching
     before = statistics["batches"]
-    graph = batch.execute(nodes, statistics, _scheduler(scheduler))
+    graph = batch.execute(nodes, statistics, _scheduler(scheduler),
+                          context.parameters["layout"])
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

@@ -4,23 +4,30 @@
 recording order), builds their BatchGraph (types, shared operands,
 duplicates), lets the chosen scheduler pick batches, and runs each batch as
 one op through the executor.  ``set_parameter("scheduler", "none")`` turns
-batching off (each node runs on its own, the reference behaviour).
+batching off (each node runs on its own, the reference behaviour).  With
+``layout="pq"`` the rows of every batch are ordered first (layout.py) so
+that operands are slices of earlier results rather than gathers.
 """
 
 import time
 
+from . import layout
 from .executor import Executor
-from .graph import BatchGraph
+from .graph import BatchGraph, NodeOperand
 from .schedulers import schedule
 
 
-def execute(nodes, statistics, scheduler):
+def execute(nodes, statistics, scheduler, row_layout="none"):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
     The whole schedule is decided first: it depends only on the graph's
     structure."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     batches = schedule(graph, scheduler)
+    if row_layout == "pq":
+        planning = time.perf_counter()
+        batches = order_rows(graph, batches)
+        statistics["layout_seconds"] += time.perf_counter() - planning
     executor = Executor(graph, statistics)
     analysed = time.perf_counter()
     for batch in batches:
@@ -49,3 +56,21 @@ def lower_bound(graph):
             longest = max(longest, chain[index])
         total += longest
     return total
+
+
+def order_rows(graph, batches):
+    """The batches with their rows ordered by the layout planner.  Each
+    batch's per-instance operands that read one output of other batched
+    nodes are the planner's operands; it keeps those that can never be
+    slices out itself (rows of several batches, repeated rows)."""
+    operands = []
+    for number, batch in enumerate(batches):
+        if len(batch) == 1:
+            continue
+        rows = [graph.operands[index] for index in batch]
+        for position in range(len(rows[0])):
+            column = [row[position] for row in rows]
+            if all(isinstance(operand, NodeOperand) and operand.index >= 0
+                   and operand.pick == column[0].pick for operand in column):
+                operands.append((number, [operand.index for operand in column]))
+    return layout.plan(batches, operands).results

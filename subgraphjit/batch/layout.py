@@ -33,6 +33,8 @@ against brute force).  Pure Python, no TensorFlow.
 [['a3', 'a1', 'a2'], ['b1', 'b2', 'b3']]
 """
 
+import collections
+
 from .pqtree import PQTree
 
 
@@ -61,16 +63,21 @@ def plan(results, operands):
     pairs = [(number, results[consumer], list(sources))
              for number, (consumer, sources) in enumerate(operands)
              if _may_be_run(sources, results[consumer], batch_of, consumer)]
-    tree = PQTree(batch_of)
-    for items in results:
-        tree.reduce(items)
+    # Batches no operand ties to anything keep their order, out of the tree.
+    involved = sorted({batch_of[items[0]] for _, consumer, sources in pairs
+                       for items in (consumer, sources)})
+    if not involved:
+        return Layout([list(items) for items in results], [])
+    tree = PQTree.of_groups([results[number] for number in involved])
     pairs = [pair for pair in pairs if tree.reduce(pair[2])]
-    pairs = _broadcast(tree, pairs)
+    pairs = _broadcast(tree, pairs, batch_of)
     orders = _OrderTies()
     pairs = [pair for pair in pairs if _tie_orders(tree, pair, orders)]
     place = {item: position
              for position, item in enumerate(_leaf_order(tree, orders))}
-    ordered = [sorted(items, key=place.__getitem__) for items in results]
+    ordered = [list(items) for items in results]
+    for number in involved:
+        ordered[number].sort(key=place.__getitem__)
     return Layout(ordered, [number for number, consumer, sources in pairs
                             if _is_run(consumer, sources, place)])
 
@@ -91,34 +98,42 @@ def _is_run(consumer, sources, place):
 
 
 # -- BroadcastConstraint ----------------------------------------------------
-def _broadcast(tree, pairs):
+def _broadcast(tree, pairs, batch_of):
     """Make each consumer's subtree and its operand's subtree isomorphic by
     applying each one's consecutive sets to the other (as row numbers), until
-    nothing changes.  Pairs whose sets cannot be applied are dropped."""
-    live = list(pairs)
-    changed = True
-    while changed:
-        changed = False
-        kept = []
-        for pair in live:
-            _, consumer, sources = pair
-            ok = True
-            sets = (_row_sets(tree, consumer, _rows(consumer))
-                    + _row_sets(tree, sources, _rows(sources)))
-            for rows in sets:
-                for items in (consumer, sources):
-                    subset = [items[row] for row in rows]
-                    if tree.block(subset) is None:
-                        changed = True
-                        if not tree.reduce(subset):
-                            ok = False
-                            break
-                if not ok:
+    nothing changes.  A reduction only reshapes the block of the batch whose
+    items it holds, so only the pairs touching that batch are looked at
+    again.  Pairs whose sets cannot be applied are dropped."""
+    pairs_of_batch = collections.defaultdict(list)
+    for number, (_, consumer, sources) in enumerate(pairs):
+        pairs_of_batch[batch_of[consumer[0]]].append(number)
+        pairs_of_batch[batch_of[sources[0]]].append(number)
+    queue = collections.deque(range(len(pairs)))
+    queued = [True] * len(pairs)
+    dropped = set()
+    while queue:
+        number = queue.popleft()
+        queued[number] = False
+        if number in dropped:
+            continue
+        _, consumer, sources = pairs[number]
+        sets = (_row_sets(tree, consumer, _rows(consumer))
+                + _row_sets(tree, sources, _rows(sources)))
+        for rows in sets:
+            for items in (consumer, sources):
+                subset = [items[row] for row in rows]
+                if tree.block(subset) is not None:
+                    continue
+                if not tree.reduce(subset):
+                    dropped.add(number)
                     break
-            if ok:
-                kept.append(pair)
-        live = kept
-    return live
+                for other in pairs_of_batch[batch_of[items[0]]]:
+                    if not queued[other]:
+                        queued[other] = True
+                        queue.append(other)
+            if number in dropped:
+                break
+    return [pair for number, pair in enumerate(pairs) if number not in dropped]
 
 
 def _rows(items):
@@ -127,7 +142,8 @@ def _rows(items):
 
 def _row_sets(tree, items, row_of):
     """GetSubtreeCons: the sets the tree keeps consecutive within ``items``
-    (a P-node's leaves, a Q-node's neighbouring children), as row numbers."""
+    (a P-node's leaves, a Q-node's neighbouring children), as row numbers;
+    the set of all of them, consecutive already, left out."""
     node, run = tree.block(items)
     sets = []
     stack = [(node, run)]
@@ -135,7 +151,9 @@ def _row_sets(tree, items, row_of):
         node, run = stack.pop()
         leaves = [_leaves(child) for child in run]
         if _kind(node, run) == "P":
-            sets.append(frozenset(row_of[item] for part in leaves for item in part))
+            rows = frozenset(row_of[item] for part in leaves for item in part)
+            if len(rows) < len(items):
+                sets.append(rows)
         else:
             for first, second in zip(leaves, leaves[1:]):
                 sets.append(frozenset(row_of[item] for item in first + second))

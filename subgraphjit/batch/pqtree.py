@@ -42,7 +42,8 @@ class Node:
         self.children = list(children)
         self.item = item
         # Set by PQTree._adopt once a reduction has succeeded, so a failed
-        # one leaves every existing node as it was.
+        # one leaves every existing node as it was.  Until then a new node is
+        # the only kind with no parent (besides the root).
         self.parent = None
 
     def __repr__(self):
@@ -62,11 +63,33 @@ def _group(nodes):
 
 class PQTree:
     def __init__(self, items):
+        items = list(items)
         self.leaf = {item: Node("leaf", item=item) for item in items}
-        if len(self.leaf) != len(list(items)):
+        if len(self.leaf) != len(items):
             raise ValueError("PQTree: the items must be distinct")
         self.root = Node("P", self.leaf.values())
         self._adopt(self.root)
+
+    @classmethod
+    def of_groups(cls, groups):
+        """The tree whose orders keep each of the disjoint ``groups``
+        consecutive: built at once, where one reduction per group would cost
+        the number of groups each.
+
+        >>> PQTree.of_groups(["ab", "c", "def"])
+        P[P[a, b], c, P[d, e, f]]
+        """
+        groups = [list(group) for group in groups if len(group)]
+        tree = cls(item for group in groups for item in group)
+        if len(groups) > 1:
+            tree.root = Node("P", [
+                tree.leaf[group[0]] if len(group) == 1
+                else Node("P", [tree.leaf[item] for item in group])
+                for group in groups])
+            for leaf in tree.leaf.values():
+                leaf.parent = None
+            tree._adopt(tree.root)
+        return tree
 
     def __repr__(self):
         return repr(self.root)
@@ -101,10 +124,10 @@ class PQTree:
         for leaf in leaves:
             node = leaf
             while node is not None:
-                pertinent[id(node)] = pertinent.get(id(node), 0) + 1
+                pertinent[node] = pertinent.get(node, 0) + 1
                 node = node.parent
         root = leaves[0]
-        while pertinent[id(root)] < len(leaves):
+        while pertinent[root] < len(leaves):
             root = root.parent
         return pertinent, root
 
@@ -126,14 +149,17 @@ class PQTree:
         if len(leaves) == 1:
             return leaves[0], []
         pertinent, root = self._pertinent(leaves)
-        places = [place for place, child in enumerate(root.children)
-                  if id(child) in pertinent]
-        if places[-1] - places[0] + 1 != len(places):
-            return None
-        run = root.children[places[0]:places[-1] + 1]
-        if len(run) < len(root.children) and root.kind != "Q":
-            return None
-        if any(_leaf_count(child, pertinent[id(child)]) != pertinent[id(child)]
+        children = [node for node in pertinent if node.parent is root]
+        if root.kind != "Q":
+            if len(children) < len(root.children):
+                return None
+            run = root.children
+        else:
+            places = sorted(map(root.children.index, children))
+            if places[-1] - places[0] + 1 != len(places):
+                return None
+            run = root.children[places[0]:places[-1] + 1]
+        if any(_leaf_count(child, pertinent[child]) != pertinent[child]
                for child in run):
             return None
         return root, run
@@ -145,6 +171,8 @@ class PQTree:
         if len(leaves) <= 1 or len(leaves) == len(self.leaf):
             return True
         pertinent, root = self._pertinent(leaves)
+        if _leaf_count(root, len(leaves)) == len(leaves):
+            return True     # the leaves of one subtree: consecutive already
         try:
             replacement = self._arrange_root(root, pertinent)
         except _Unsatisfiable:
@@ -154,19 +182,22 @@ class PQTree:
             self.root = replacement
         else:
             parent.children[parent.children.index(root)] = replacement
-        replacement.parent = parent
         self._adopt(replacement)
+        replacement.parent = parent
         return True
 
     @staticmethod
     def _adopt(node):
-        """Point every child below a rebuilt node at its parent."""
+        """Point the children of the nodes a reduction built at them.  Old
+        nodes reused by the reduction keep their children, so the walk stops
+        at them."""
         stack = [node]
         while stack:
             node = stack.pop()
             for child in node.children:
+                if child.parent is None:
+                    stack.append(child)
                 child.parent = node
-                stack.append(child)
 
     # -- the templates -----------------------------------------------------
     def _labels(self, node, pertinent):
@@ -174,7 +205,7 @@ class PQTree:
         label 'E' empty, 'F' full, 'P' partial."""
         labelled = []
         for child in node.children:
-            if id(child) not in pertinent:
+            if child not in pertinent:
                 labelled.append(("E", child))
             else:
                 labelled.append(self._arrange(child, pertinent))
