@@ -1,5 +1,6 @@
-"""Batched evaluation equals eager TensorFlow for every example model and
-every scheduler: losses and gradients, over minibatches of varied structure."""
+"""Batched evaluation equals eager TensorFlow for every example model,
+every scheduler and both row layouts: losses and gradients, over minibatches
+of varied structure."""
 
 import numpy as np
 import pytest
@@ -12,12 +13,18 @@ from experiments.example_models import MODELS
 SCHEDULER_NAMES = ["none", *SCHEDULERS, "fsm"]
 
 
-@pytest.fixture(params=SCHEDULER_NAMES)
+@pytest.fixture(params=[(name, "none") for name in SCHEDULER_NAMES]
+                + [(name, "pq") for name in SCHEDULER_NAMES if name != "none"],
+                ids=lambda pair: "-".join(pair))
 def scheduler(request):
-    previous = tf.get_parameter("scheduler")
-    tf.set_parameter("scheduler", request.param)
-    yield request.param
-    tf.set_parameter("scheduler", previous)
+    """The scheduler's name, with a row layout set too."""
+    previous = tf.get_parameter("scheduler"), tf.get_parameter("layout")
+    name, layout = request.param
+    tf.set_parameter("scheduler", name)
+    tf.set_parameter("layout", layout)
+    yield name
+    tf.set_parameter("scheduler", previous[0])
+    tf.set_parameter("layout", previous[1])
 
 
 def minibatch_loss_and_gradients(module, model, examples):
@@ -107,6 +114,36 @@ def test_in_order_rows_are_sliced_and_others_gathered():
     for value, i in zip(results[6:], range(6)):
         np.testing.assert_allclose(
             value.numpy(), 1 / (1 + np.exp(-2 * x.numpy()[[i]])), rtol=1e-6)
+
+
+def test_the_row_layout_turns_gathers_into_slices():
+    """z_i = a_i + b_(5-i), with a and b computed from different variables:
+    as scheduled, b (or a) is ordered like its own source and one of z's
+    operands is gathered; the planner orders b's chain backwards instead."""
+    x = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+    y = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(6, 2) / 7)
+
+    def evaluate(layout):
+        tf.set_parameter("layout", layout)
+        tf.reset_stats()
+        a = [tf.sigmoid(tf.gather(x, [i]) * 2.0) for i in range(6)]
+        b = [tf.tanh(tf.gather(y, [i]) * 3.0) for i in range(6)]
+        values = tf.build([a[i] + b[5 - i] for i in range(6)])
+        return [value.numpy() for value in values], tf.stats()
+
+    try:
+        planned, planned_stats = evaluate("pq")
+        scheduled, scheduled_stats = evaluate("none")
+    finally:
+        tf.set_parameter("layout", "none")
+    assert scheduled_stats["gathers"] == 1
+    assert planned_stats["gathers"] == 0 and planned_stats["bytes_gathered"] == 0
+    assert planned_stats["layout_seconds"] > 0
+    for got, expected, i in zip(planned, scheduled, range(6)):
+        np.testing.assert_allclose(got, expected)
+        want = (1 / (1 + np.exp(-2 * x.numpy()[[i]]))
+                + np.tanh(3 * y.numpy()[[5 - i]]))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_ops_without_a_rule_run_per_instance_and_are_counted():

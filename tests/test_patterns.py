@@ -60,12 +60,15 @@ def test_patterns_give_eager_results_at_every_depth(model_name, level, parameter
     assert replaced_somewhere
 
 
-@pytest.mark.parametrize("scheduler", ["none", "depth", "fsm"])
+@pytest.mark.parametrize("scheduler,layout", [
+    ("none", "none"), ("depth", "none"), ("fsm", "none"), ("agenda", "pq"),
+    ("fsm", "pq")])
 @pytest.mark.parametrize("model_name", sorted(MODELS))
-def test_patterns_under_every_scheduler(model_name, scheduler, parameters):
+def test_patterns_under_every_scheduler(model_name, scheduler, layout, parameters):
     """Patterns as batched units under the other schedulers ('none': each
-    replaced node runs its compiled pattern on its own)."""
-    parameters(granularity="subgraph", collect=1, scheduler=scheduler)
+    replaced node runs its compiled pattern on its own) and row layouts."""
+    parameters(granularity="subgraph", collect=1, scheduler=scheduler,
+               layout=layout)
     rng = np.random.default_rng(1)
     model = MODELS[model_name](rng)
     assert_matches_eager(model, model.random_examples(rng, 4))
