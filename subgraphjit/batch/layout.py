@@ -35,7 +35,7 @@ against brute force).  Pure Python, no TensorFlow.
 
 import collections
 
-from .pqtree import PQTree
+from .pqtree import PQTree, items_below
 
 
 class Layout:
@@ -149,7 +149,7 @@ def _row_sets(tree, items, row_of):
     stack = [(node, run)]
     while stack:
         node, run = stack.pop()
-        leaves = [_leaves(child) for child in run]
+        leaves = [items_below(child) for child in run]
         if _kind(node, run) == "P":
             rows = frozenset(row_of[item] for part in leaves for item in part)
             if len(rows) < len(items):
@@ -160,17 +160,6 @@ def _row_sets(tree, items, row_of):
         stack.extend((child, child.children) for child in run
                      if child.kind != "leaf")
     return sets
-
-
-def _leaves(node):
-    items, stack = [], [node]
-    while stack:
-        node = stack.pop()
-        if node.kind == "leaf":
-            items.append(node.item)
-        else:
-            stack.extend(reversed(node.children))
-    return items
 
 
 def _kind(node, run):
@@ -268,9 +257,9 @@ def _tie_orders(tree, pair, orders):
         kind = _kind(node, run)
         if len(run) != len(other_run) or kind != _kind(other, other_run):
             break
-        rows = [frozenset(consumer_rows[item] for item in _leaves(child))
+        rows = [frozenset(consumer_rows[item] for item in items_below(child))
                 for child in run]
-        other_rows = [frozenset(source_rows[item] for item in _leaves(child))
+        other_rows = [frozenset(source_rows[item] for item in items_below(child))
                       for child in other_run]
         if kind == "Q":
             if other_rows == rows:

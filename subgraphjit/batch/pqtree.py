@@ -96,14 +96,7 @@ class PQTree:
 
     def frontier(self):
         """One admissible order of the items."""
-        order, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if node.kind == "leaf":
-                order.append(node.item)
-            else:
-                stack.extend(reversed(node.children))
-        return order
+        return items_below(self.root)
 
     def count_orders(self):
         """How many orders the tree admits."""
@@ -270,6 +263,18 @@ class PQTree:
             else:
                 children.extend(part if position == first else part[::-1])
         return Node("Q", children)
+
+
+def items_below(node):
+    """The items of the leaves below a node, children in their order."""
+    items, stack = [], [node]
+    while stack:
+        node = stack.pop()
+        if node.kind == "leaf":
+            items.append(node.item)
+        else:
+            stack.extend(reversed(node.children))
+    return items
 
 
 def _leaf_count(node, limit):
