@@ -10,6 +10,7 @@ up to hidden 150.
 
     python benchmarks/layout.py                  # agenda, batch 20, 8 minibatches
     python benchmarks/layout.py --scheduler fsm --minibatches 4
+    python benchmarks/layout.py --granularity subgraph   # patterns as units
 """
 
 import argparse
@@ -84,14 +85,17 @@ def step(model, examples):
 def measure(make_model, arguments):
     rng = np.random.default_rng(arguments.seed)
     model = make_model(rng)
+    # Warm-up: with patterns, the collection minibatches and one more.
+    warm_up = (subgraphjit.get_parameter("collect") + 1
+               if arguments.granularity == "subgraph" else 1)
     minibatches = [model.random_examples(rng, arguments.batch_size)
-                   for _ in range(arguments.minibatches + 1)]
+                   for _ in range(arguments.minibatches + warm_up)]
     samples = {layout: [] for layout in LAYOUTS}
     for number, examples in enumerate(minibatches):
         for layout in LAYOUTS if number % 2 else LAYOUTS[::-1]:
             subgraphjit.set_parameter("layout", layout)
             result = step(model, examples)
-            if number:   # the first minibatch warms up both
+            if number >= warm_up:
                 samples[layout].append(result)
     return {layout: {column: float(np.median([s[column] for s in rows]))
                      for column in COLUMNS}
@@ -105,6 +109,7 @@ def ratio(before, after):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scheduler", default="agenda")
+    parser.add_argument("--granularity", default="op", choices=("op", "subgraph"))
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--minibatches", type=int, default=8,
                         help="measured minibatches (one more warms up)")
@@ -113,6 +118,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args(argv)
     subgraphjit.set_parameter("scheduler", arguments.scheduler)
+    subgraphjit.set_parameter("granularity", arguments.granularity)
     headers = ("model", "layout") + COLUMNS
     rows = []
     for name in arguments.models.split(","):
@@ -129,7 +135,8 @@ def main(argv=None):
     subgraphjit.set_parameter("layout", "none")
     widths = [max(len(str(row[i])) for row in rows + [headers])
               for i in range(len(headers))]
-    print(f"scheduler {arguments.scheduler}, batch {arguments.batch_size}, "
+    print(f"scheduler {arguments.scheduler}, granularity {arguments.granularity}, "
+          f"batch {arguments.batch_size}, "
           f"median of {arguments.minibatches} minibatches, forward + backward")
     for row in [headers] + rows:
         print("  ".join(str(cell).rjust(width) for cell, width in zip(row, widths)))
