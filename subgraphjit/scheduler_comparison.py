@@ -65,9 +65,11 @@ def example_minibatches(batch_size, seed, models=None):
     def wanted(name):
         return models is None or name in models
 
-    rng = np.random.default_rng(seed)
-    for name, model_class in MODELS.items():
+    # A generator per model, so a model's minibatches do not depend on
+    # which other models were asked for.
+    for number, (name, model_class) in enumerate(MODELS.items()):
         if wanted(name):
+            rng = np.random.default_rng([seed, number])
             model = model_class(rng)
             yield name, *(_loss_over(model, model.random_examples(rng, batch_size))
                           for _ in range(2))
@@ -78,7 +80,8 @@ def example_minibatches(batch_size, seed, models=None):
     from experiments.weibo_ner import Lattices
     lattices = Lattices()
     examples = lattices.examples("train", 2 * batch_size)
-    model = LatticeLSTM(rng, vocabulary=len(lattices.characters),
+    model = LatticeLSTM(np.random.default_rng([seed, len(MODELS)]),
+                        vocabulary=len(lattices.characters),
                         classes=len(lattices.tags))
     yield ("lattice_lstm_weibo", _loss_over(model, examples[:batch_size]),
            _loss_over(model, examples[batch_size:]))
