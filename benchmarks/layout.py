@@ -31,6 +31,7 @@ tensorflow.config.threading.set_inter_op_parallelism_threads(1)
 import subgraphjit  # noqa: E402
 from experiments import example_models, sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
+from subgraphjit.report import print_table  # noqa: E402
 
 LAYOUTS = ("none", "pq")
 COLUMNS = ("gathers", "MB gathered", "slices", "planning ms", "step ms")
@@ -133,13 +134,10 @@ def main(argv=None):
                      ratio(none["MB gathered"], pq["MB gathered"]), "", "",
                      ratio(none["step ms"], pq["step ms"])))
     subgraphjit.set_parameter("layout", "none")
-    widths = [max(len(str(row[i])) for row in rows + [headers])
-              for i in range(len(headers))]
     print(f"scheduler {arguments.scheduler}, granularity {arguments.granularity}, "
           f"batch {arguments.batch_size}, "
           f"median of {arguments.minibatches} minibatches, forward + backward")
-    for row in [headers] + rows:
-        print("  ".join(str(cell).rjust(width) for cell, width in zip(row, widths)))
+    print_table(headers, rows)
 
 
 if __name__ == "__main__":

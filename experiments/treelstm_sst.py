@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
+from subgraphjit.report import print_table  # noqa: E402
 
 COLUMNS = ("construction", "optimization", "execution", "backward", "update")
 BACKENDS = ("tensorflow", "subgraphjit", "patterns")
@@ -117,13 +118,6 @@ def accuracy(tf, model, trees, vocabulary, batch_size):
     return correct / max(len(trees), 1)
 
 
-def print_table(rows, headers):
-    widths = [max(len(str(row[i])) for row in rows + [headers])
-              for i in range(len(headers))]
-    for row in [headers] + rows:
-        print("  ".join(str(cell).rjust(width) for cell, width in zip(row, widths)))
-
-
 def main(argv=None):
     arguments = parse_arguments(argv)
     import tensorflow
@@ -181,8 +175,8 @@ def main(argv=None):
         rows.append([name] + [f"{value:.1f}" for value in mean]
                     + [f"{total:.1f}", f"{arguments.batch_size / total * 1e3:.1f}",
                        f"{losses[-1]:.4f}", "-" if dev is None else f"{dev:.3f}"])
-    print_table(rows, ["backend", *COLUMNS, "total", "sentences/s",
-                       "last loss", "dev acc"])
+    print_table(["backend", *COLUMNS, "total", "sentences/s", "last loss",
+                 "dev acc"], rows)
 
     comparisons = [(slow, fast) for slow, fast in (
         ("tensorflow", "subgraphjit"), ("tensorflow", "patterns"),
@@ -197,7 +191,7 @@ def main(argv=None):
                          f"{before[:3].sum() / after[:3].sum():.2f}x",
                          f"{before[3] / after[3]:.2f}x",
                          f"{before.sum() / after.sum():.2f}x"])
-        print_table(rows, ["", "execution", "forward", "backward", "end to end"])
+        print_table(["", "execution", "forward", "backward", "end to end"], rows)
     if "tensorflow" in results:
         for name in results:
             if name != "tensorflow":

@@ -26,6 +26,8 @@ import sys
 
 from tqdm import tqdm
 
+from .report import print_table
+
 DEFAULT_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "treelstm_sst.py"
 COLUMNS = ("depth", "subgraphs", "distinct", "average occurrences",
            "average ops", "ops covered")
@@ -192,7 +194,7 @@ def tune(arguments):
         else:
             depth_arguments = script_arguments
         rows.append(collect_once(script, depth_arguments, depth, arguments))
-    print_table(rows, arguments)
+    print_collection_table(rows, arguments)
     best = max(rows, key=lambda row: (row[5], -row[0]))
     print(f"\nRecommended: depth {best[0]} (its patterns cover the most ops, "
           f"{best[5]} over {arguments.collect} minibatches); set it with "
@@ -210,16 +212,12 @@ def tune(arguments):
     return rows
 
 
-def print_table(rows, arguments):
+def print_collection_table(rows, arguments):
     print(f"\nFrequent subgraphs over the first {arguments.collect} minibatches "
           f"(freq {arguments.freq}, {arguments.equivalence} equivalence), "
           "as thesis Table 6.3:")
-    cells = [[str(row[0]), str(row[1]), str(row[2]), f"{row[3]:.2f}",
-              f"{row[4]:.2f}", str(row[5])] for row in rows]
-    widths = [max(len(line[i]) for line in cells + [list(COLUMNS)])
-              for i in range(len(COLUMNS))]
-    for line in [list(COLUMNS)] + cells:
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    print_table(COLUMNS, [(*row[:3], f"{row[3]:.2f}", f"{row[4]:.2f}", row[5])
+                          for row in rows])
 
 
 def plot(rows, path):

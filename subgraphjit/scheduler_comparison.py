@@ -21,6 +21,7 @@ from .batch import lower_bound
 from .batch.graph import BatchGraph
 from .batch.schedulers import SCHEDULERS, schedule
 from .batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
+from .report import print_table
 
 COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda",
            *(f"fsm-{encoding}" for encoding in ENCODINGS),
@@ -144,10 +145,6 @@ def print_rows(rows, batch_size, config):
     print(f"\nBatches per minibatch of {batch_size} (ED-Batch figure 7 and "
           f"table 4); the FSM ({config.encoding} encoding for fsm/agenda and "
           "the last five columns) trained on another minibatch:")
-    cells = [[str(value) if not isinstance(value, float) else
-              f"{value:.2f}" for value in row] for row in rows]
-    widths = [max(len(line[i]) for line in cells + [list(COLUMNS)])
-              for i in range(len(COLUMNS))]
-    for line in [list(COLUMNS)] + cells:
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+    print_table(COLUMNS, [[f"{value:.2f}" if isinstance(value, float) else value
+                           for value in row] for row in rows])
 

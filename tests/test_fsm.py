@@ -8,7 +8,7 @@ import pytest
 
 import subgraphjit as tf
 from subgraphjit.batch import lower_bound
-from subgraphjit.batch.schedulers import SCHEDULERS
+from subgraphjit.batch.schedulers import SCHEDULERS, schedule
 from subgraphjit.batch.schedulers.fsm import (
     ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, encode)
 from subgraphjit.scheduler_comparison import count_batches, recorded_graph
@@ -49,15 +49,6 @@ def figure_1_trees(rng, count):
     return FakeGraph(types, sources)
 
 
-def schedule_of(graph, scheduler):
-    scheduler.init(graph)
-    batches = []
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
-        batches.append(list(batch))
-    return batches
-
-
 def assert_valid(graph, batches):
     done = set()
     for batch in batches:
@@ -77,7 +68,7 @@ def test_learned_schedules_are_valid_and_reach_the_lower_bound(encoding):
     report = policy.train(train, progress=False)
     assert report.batches == report.lower_bound <= report.agenda_batches
     for scheduler in (FsmScheduler(policy), *(s() for s in SCHEDULERS.values())):
-        assert_valid(test, schedule_of(test, scheduler))
+        assert_valid(test, schedule(test, scheduler))
     assert count_batches(test, FsmScheduler(policy)) == lower_bound(test)
 
 
@@ -102,7 +93,7 @@ def test_fsm_on_example_models(model_name):
     policy = FsmPolicy(FsmConfig(max_iterations=200))
     policy.train(graphs[0], progress=False)
     scheduler = FsmScheduler(policy)
-    batches = schedule_of(graphs[1], scheduler)
+    batches = schedule(graphs[1], scheduler)
     assert_valid(graphs[1], batches)
     assert len(batches) <= count_batches(graphs[1], SCHEDULERS["agenda"]())
     if model_name in ("tree_lstm", "tree_gru", "bilstm_tagger"):
@@ -118,7 +109,7 @@ def test_save_and_load_skip_training(tmp_path):
     policy.save(path)
     loaded = FsmPolicy.load(path, "sort")
     assert not loaded.needs_training
-    assert schedule_of(graph, FsmScheduler(loaded)) == schedule_of(graph, FsmScheduler(policy))
+    assert schedule(graph, FsmScheduler(loaded)) == schedule(graph, FsmScheduler(policy))
     with pytest.raises(ValueError, match="'sort' state encoding, not 'max'"):
         FsmPolicy.load(path, "max")
     (tmp_path / "junk.json").write_text(json.dumps({"table": 3}))
@@ -133,7 +124,7 @@ def test_unseen_states_fall_back_to_agenda_and_ask_for_retraining():
     # Another model entirely: chains of a type the policy never saw.
     chains = FakeGraph(["X", "Y"] * 4, [[], [0], [1], [2], [], [4], [5], [6]])
     scheduler = FsmScheduler(policy)
-    batches = schedule_of(chains, scheduler)
+    batches = schedule(chains, scheduler)
     assert_valid(chains, batches)
     assert scheduler.fallbacks == scheduler.decisions == len(batches)
     assert policy.needs_training
