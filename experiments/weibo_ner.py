@@ -82,12 +82,15 @@ class Lattices:
     def examples(self, split, limit=None):
         result = []
         for message in read_messages(split)[:limit]:
-            text = "".join(c for c, _, _ in message)
-            chars = [self.characters.get(c, 0) for c, _, _ in message]
+            # Positions are the message's tokens (a token is usually one
+            # character, but not always), so words are matched token-wise.
+            tokens = [c for c, _, _ in message]
+            chars = [self.characters.get(c, 0) for c in tokens]
             tags = [self.tags.get(tag, self.tags["O"]) for _, _, tag in message]
             spans = [(start, start + length - 1)
-                     for start in range(len(text))
+                     for start in range(len(tokens))
                      for length in range(2, LONGEST_WORD + 1)
-                     if text[start:start + length] in self.lexicon]
+                     if start + length <= len(tokens)
+                     and "".join(tokens[start:start + length]) in self.lexicon]
             result.append((chars, tags, spans))
         return result
