@@ -158,3 +158,4 @@ def test_fsm_table_parameter_trains_once_then_loads(tmp_path):
     finally:
         tf.set_parameter("fsm_table", "")
         tf.set_parameter("scheduler", "agenda")
+
