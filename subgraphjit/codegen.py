@@ -30,7 +30,7 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from .batch.rules import NoRule, rule_for
+from .batch.rules import NoRule, gather_rows, rule_for
 from .context import context
 from .patch import spec as specs
 from .patch.record import ACCESS, OpRow, infer_spec
@@ -93,31 +93,41 @@ class Pattern:
                 input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key])
         return compiled(*values)
 
-    def batched(self, stacked):
-        """The pattern on every instance at once: ``stacked[i]`` holds argument
-        i of all instances along axis 0.  Raises NoRule when an op of the
+    def batched(self, arguments):
+        """The pattern on every instance at once.  ``arguments[i]`` is a pair
+        (table, rows): argument i of all instances stacked along axis 0 is
+        ``table`` itself when ``rows`` is None, else the table's ``rows`` --
+        gathered inside the compiled function, so a gather costs no launch
+        (and no gradient op) of its own.  Raises NoRule when an op of the
         pattern has no batch rule for these operands."""
-        key = tuple((value.dtype, tuple(value.shape[1:])) for value in stacked)
+        key = tuple((table.dtype, tuple(table.shape[1:]), rows is not None)
+                    for table, rows in arguments)
         compiled = self._batched.get(key)
         if compiled is None:
-            try:
-                instance_specs = self._propagate_specs(
-                    [specs.spec(dtype, shape) for dtype, shape in key])
-            except NoRule as reason:
-                compiled = reason
-            else:
-                compiled = tf.function(
-                    self._counting(self._batched_body(instance_specs)),
-                    autograph=False, input_signature=[
-                        tf.TensorSpec((None,) + shape, dtype) for dtype, shape in key])
-            self._batched[key] = compiled
+            compiled = self._batched[key] = self._compile_batched(key)
         if isinstance(compiled, NoRule):
             raise compiled
+        return compiled(*[tensor for table, rows in arguments
+                          for tensor in ((table,) if rows is None else (table, rows))])
+
+    def _compile_batched(self, key):
+        """The concrete function for argument specs and gathers (see
+        ``batched``), or the NoRule that prevents one.  Called directly, a
+        concrete function skips tf.function's per-call signature matching."""
         try:
-            return compiled(*stacked)
-        except NoRule as reason:  # raised while tracing: remember it
-            self._batched[key] = reason
-            raise
+            instance_specs = self._propagate_specs(
+                [specs.spec(dtype, shape) for dtype, shape, _ in key])
+            gathered = [rows for _, _, rows in key]
+            signature = []
+            for dtype, shape, rows in key:
+                signature.append(tf.TensorSpec((None,) + shape, dtype))
+                if rows:
+                    signature.append(tf.TensorSpec((None,), tf.int32))
+            return tf.function(
+                self._counting(self._batched_body(instance_specs, gathered)),
+                autograph=False, input_signature=signature).get_concrete_function()
+        except NoRule as reason:  # also when raised while tracing
+            return reason
 
     def _counting(self, function):
         def traced(*arguments):
@@ -156,10 +166,14 @@ class Pattern:
             return shared[value]
         return self.captured[value]
 
-    def _batched_body(self, instance_specs):
+    def _batched_body(self, instance_specs, gathered):
         steps, arguments, captured = self.steps, self.arguments, self.captured
 
-        def run_batched(*stacked):
+        def run_batched(*flat):
+            stacked, flat = [], list(flat)
+            for rows in gathered:
+                table = flat.pop(0)
+                stacked.append(gather_rows(table, flat.pop(0)) if rows else table)
             count = tf.shape(stacked[0])[0]
             values = dict(zip(arguments, stacked))   # stacked per-instance values
             shared_values = dict(captured)           # one value for all instances

@@ -14,22 +14,9 @@ import tensorflow as tf
 
 from ..patch.record import ACCESS, annotate
 from .graph import NodeOperand
-from .rules import NoRule, rule_for
+from .rules import NoRule, gather_rows, rule_for
 
 _NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
-
-
-@tf.custom_gradient
-def gather_rows(table, rows):
-    """tf.gather of rows whose gradient is a dense tensor.
-
-    tf.gather's own gradient is an IndexedSlices, which TensorFlow turns
-    dense only after dozens of small ops when it meets a concat or another
-    gradient of the same tensor; one segment sum does it at once.
-    """
-    def gradient(upstream):
-        return tf.math.unsorted_segment_sum(upstream, rows, table.shape[0]), None
-    return tf.gather(table, rows), gradient
 
 
 class Executor:
@@ -64,13 +51,16 @@ class Executor:
         source, row = self._location(operand)
         return source if row is None else source[row]
 
-    def _stacked(self, position, indices, operand_spec):
-        """The operand at ``position`` of every node, stacked on axis 0."""
+    def _assembly(self, position, indices, operand_spec):
+        """How to stack the operand at ``position`` of every node: (value,
+        None) when ``value`` is the stacked operand already (an earlier
+        result, a slice of one, a stack), or (table, rows) when it is the
+        table's rows gathered in that order (counted as a gather)."""
         all_operands = self.graph.operands
         operands = [all_operands[i][position] for i in indices]
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
             kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
-            return np.array(operands, dtype=kind)
+            return np.array(operands, dtype=kind), None
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.
         batch_of, row_of = self.batch_of, self.row_of
@@ -90,12 +80,12 @@ class Executor:
                 row for _, row in locations] == list(
                 range(first_row, first_row + count)):
             if first_row == 0 and count == first_source.shape[0]:
-                return first_source
+                return first_source, None
             self.statistics["slices"] += 1
-            return first_source[first_row:first_row + count]
+            return first_source[first_row:first_row + count], None
         if all(row is None for _, row in locations):
             self.statistics["stacks"] += 1
-            return tf.stack([source for source, _ in locations])
+            return tf.stack([source for source, _ in locations]), None
         # Rows of several results: one concat of the sources, one gather.
         sources, offsets, singles, rows = [], {}, [], []
         for source, row in locations:
@@ -117,7 +107,7 @@ class Executor:
         self.statistics["gathers"] += 1
         self.statistics["bytes_gathered"] += (
             count * int(np.prod(table.shape[1:])) * table.dtype.size)
-        return gather_rows(table, tf.constant(rows, tf.int32))
+        return table, tf.constant(rows, tf.int32)
 
     # -- running batches -----------------------------------------------------
     def run(self, indices):
@@ -139,6 +129,8 @@ class Executor:
         signature = graph.signatures[node_type]
         operand_specs = signature[3:]
         values, ranks = [], []
+        # A compiled pattern gathers its arguments itself (codegen.py).
+        fuse_gathers = first.row.family == "pattern"
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]
             if is_shared:
@@ -146,7 +138,11 @@ class Executor:
                 values.append(value)
                 ranks.append(len(getattr(value, "shape", ())))
             else:
-                values.append(self._stacked(position, indices, operand_spec))
+                table, rows = self._assembly(position, indices, operand_spec)
+                if fuse_gathers:
+                    values.append((table, rows))
+                else:
+                    values.append(table if rows is None else gather_rows(table, rows))
                 ranks.append(len(operand_spec.shape))
         try:
             batched = rule(first.row, first.attrs, values, shared, ranks,

@@ -143,6 +143,22 @@ def _getitem(attrs, rank, output_spec, count, row):
     return ((FrozenSlice((None, None, None)),) + slice_spec,)
 
 
+@tf.custom_gradient
+def gather_rows(table, rows):
+    """tf.gather of rows whose gradient is a dense tensor.
+
+    tf.gather's own gradient is an IndexedSlices, which TensorFlow turns
+    dense only after dozens of small ops when it meets a concat or another
+    gradient of the same tensor; one segment sum does it at once.
+    """
+    def gradient(upstream):
+        size = table.shape[0]
+        if size is None:  # inside a compiled pattern: known at run time
+            size = tf.shape(table)[0]
+        return tf.math.unsorted_segment_sum(upstream, rows, size), None
+    return tf.gather(table, rows), gradient
+
+
 def gather_rule(row, attrs, values, shared, ranks, output_spec, count):
     options = dict(zip(row.attr_params, attrs))
     axis = options.get("axis") or 0
@@ -203,7 +219,9 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 
 def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """A compiled frequent subgraph, every instance at once (codegen.py)."""
+    """A compiled frequent subgraph, every instance at once (codegen.py).
+    Unlike other rules it takes each operand as a (table, rows) pair, so the
+    compiled function does the operand's gather itself."""
     if any(shared):
         raise NoRule("a pattern argument is shared")
     return row.pattern.batched(values)
