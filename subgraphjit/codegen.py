@@ -13,12 +13,15 @@ identity is part of the signature) are captured by name, and Python numbers
 (whose value is) are written as literals.
 
 Each pattern runs two ways, each compiled once per input shapes with
-tf.function (a new batch size never retraces):
+tf.function (a new batch size never retraces) and called as the concrete
+function, which skips tf.function's per-call signature matching:
 
 * ``call``: on one instance, the generated function itself;
 * ``batched``: on a whole group at once, every per-instance argument stacked
   along a new leading axis; each line runs through the batching layer's rule
-  for its op (``batch/rules.py``), the same rules single ops batch with.
+  for its op (``batch/rules.py``), the same rules single ops batch with.  An
+  argument whose rows come from several earlier results arrives as a table
+  and row numbers, gathered inside the function: no launch of its own.
 """
 
 import dataclasses
@@ -90,7 +93,8 @@ class Pattern:
         if compiled is None:
             compiled = self._compiled[key] = tf.function(
                 self._counting(self.function), autograph=False,
-                input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key])
+                input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key]
+            ).get_concrete_function()
         return compiled(*values)
 
     def batched(self, arguments):
