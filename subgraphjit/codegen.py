@@ -174,10 +174,10 @@ class Pattern:
         steps, arguments, captured = self.steps, self.arguments, self.captured
 
         def run_batched(*flat):
-            stacked, flat = [], list(flat)
-            for rows in gathered:
-                table = flat.pop(0)
-                stacked.append(gather_rows(table, flat.pop(0)) if rows else table)
+            # ``flat``: each argument's table, followed by its rows if gathered.
+            tensors = iter(flat)
+            stacked = [gather_rows(next(tensors), next(tensors)) if rows
+                       else next(tensors) for rows in gathered]
             count = tf.shape(stacked[0])[0]
             values = dict(zip(arguments, stacked))   # stacked per-instance values
             shared_values = dict(captured)           # one value for all instances
