@@ -19,9 +19,10 @@ function, which skips tf.function's per-call signature matching:
 * ``call``: on one instance, the generated function itself;
 * ``batched``: on a whole group at once, every per-instance argument stacked
   along a new leading axis; each line runs through the batching layer's rule
-  for its op (``batch/rules.py``), the same rules single ops batch with.  An
-  argument whose rows come from several earlier results arrives as a table
-  and row numbers, gathered inside the function: no launch of its own.
+  for its op (``batch/rules.py``), the same rules single ops batch with.
+  Every argument arrives as a table and the rows to take from it, gathered
+  inside the function: a gather costs no launch of its own, and an argument
+  that is a slice one time and a gather the next does not retrace.
 """
 
 import dataclasses
@@ -99,36 +100,32 @@ class Pattern:
 
     def batched(self, arguments):
         """The pattern on every instance at once.  ``arguments[i]`` is a pair
-        (table, rows): argument i of all instances stacked along axis 0 is
-        ``table`` itself when ``rows`` is None, else the table's ``rows`` --
-        gathered inside the compiled function, so a gather costs no launch
-        (and no gradient op) of its own.  Raises NoRule when an op of the
-        pattern has no batch rule for these operands."""
-        key = tuple((table.dtype, tuple(table.shape[1:]), rows is not None)
-                    for table, rows in arguments)
+        (table, rows): argument i of all instances, stacked along axis 0, is
+        the table's ``rows``, gathered inside the compiled function (so a
+        gather costs no launch, and no gradient op, of its own).  Raises
+        NoRule when an op of the pattern has no batch rule for these
+        operands."""
+        key = tuple((table.dtype, tuple(table.shape[1:])) for table, _ in arguments)
         compiled = self._batched.get(key)
         if compiled is None:
             compiled = self._batched[key] = self._compile_batched(key)
         if isinstance(compiled, NoRule):
             raise compiled
-        return compiled(*[tensor for table, rows in arguments
-                          for tensor in ((table,) if rows is None else (table, rows))])
+        return compiled(*[tensor for pair in arguments for tensor in pair])
 
     def _compile_batched(self, key):
-        """The concrete function for argument specs and gathers (see
-        ``batched``), or the NoRule that prevents one.  Called directly, a
-        concrete function skips tf.function's per-call signature matching."""
+        """The concrete function for these argument specs (see ``batched``),
+        or the NoRule that prevents one.  Called directly, a concrete
+        function skips tf.function's per-call signature matching."""
         try:
             instance_specs = self._propagate_specs(
-                [specs.spec(dtype, shape) for dtype, shape, _ in key])
-            gathered = [rows for _, _, rows in key]
+                [specs.spec(dtype, shape) for dtype, shape in key])
             signature = []
-            for dtype, shape, rows in key:
-                signature.append(tf.TensorSpec((None,) + shape, dtype))
-                if rows:
-                    signature.append(tf.TensorSpec((None,), tf.int32))
+            for dtype, shape in key:
+                signature += [tf.TensorSpec((None,) + shape, dtype),
+                              tf.TensorSpec((None,), tf.int32)]
             return tf.function(
-                self._counting(self._batched_body(instance_specs, gathered)),
+                self._counting(self._batched_body(instance_specs)),
                 autograph=False, input_signature=signature).get_concrete_function()
         except NoRule as reason:  # also when raised while tracing
             return reason
@@ -170,14 +167,13 @@ class Pattern:
             return shared[value]
         return self.captured[value]
 
-    def _batched_body(self, instance_specs, gathered):
+    def _batched_body(self, instance_specs):
         steps, arguments, captured = self.steps, self.arguments, self.captured
 
         def run_batched(*flat):
-            # ``flat``: each argument's table, followed by its rows if gathered.
-            tensors = iter(flat)
-            stacked = [gather_rows(next(tensors), next(tensors)) if rows
-                       else next(tensors) for rows in gathered]
+            # ``flat``: each argument's table, then the rows to take from it.
+            stacked = [gather_rows(table, rows)
+                       for table, rows in zip(flat[::2], flat[1::2])]
             count = tf.shape(stacked[0])[0]
             values = dict(zip(arguments, stacked))   # stacked per-instance values
             shared_values = dict(captured)           # one value for all instances

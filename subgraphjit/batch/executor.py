@@ -51,16 +51,20 @@ class Executor:
         source, row = self._location(operand)
         return source if row is None else source[row]
 
-    def _assembly(self, position, indices, operand_spec):
+    def _assembly(self, position, indices, operand_spec, as_rows=False):
         """How to stack the operand at ``position`` of every node: (value,
         None) when ``value`` is the stacked operand already (an earlier
         result, a slice of one, a stack), or (table, rows) when it is the
-        table's rows gathered in that order (counted as a gather)."""
+        table's rows gathered in that order (counted as a gather).  With
+        ``as_rows`` the rows are always given, a range where no gather is
+        needed, so the consumer sees one form whatever the order."""
         all_operands = self.graph.operands
         operands = [all_operands[i][position] for i in indices]
+        count = len(operands)
+        every_row = tf.range(count) if as_rows else None
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
             kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
-            return np.array(operands, dtype=kind), None
+            return np.array(operands, dtype=kind), every_row
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.
         batch_of, row_of = self.batch_of, self.row_of
@@ -74,18 +78,19 @@ class Executor:
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
         first_source, first_row = locations[0]
-        count = len(locations)
         if first_row is not None and all(
                 source is first_source for source, _ in locations) and [
                 row for _, row in locations] == list(
                 range(first_row, first_row + count)):
             if first_row == 0 and count == first_source.shape[0]:
-                return first_source, None
+                return first_source, every_row
             self.statistics["slices"] += 1
+            if as_rows:
+                return first_source, tf.range(first_row, first_row + count)
             return first_source[first_row:first_row + count], None
         if all(row is None for _, row in locations):
             self.statistics["stacks"] += 1
-            return tf.stack([source for source, _ in locations]), None
+            return tf.stack([source for source, _ in locations]), every_row
         # Rows of several results: one concat of the sources, one gather.
         sources, offsets, singles, rows = [], {}, [], []
         for source, row in locations:
@@ -129,7 +134,8 @@ class Executor:
         signature = graph.signatures[node_type]
         operand_specs = signature[3:]
         values, ranks = [], []
-        # A compiled pattern gathers its arguments itself (codegen.py).
+        # A compiled pattern takes its arguments as rows of tables and
+        # gathers them itself (codegen.py).
         fuse_gathers = first.row.family == "pattern"
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]
@@ -138,7 +144,8 @@ class Executor:
                 values.append(value)
                 ranks.append(len(getattr(value, "shape", ())))
             else:
-                table, rows = self._assembly(position, indices, operand_spec)
+                table, rows = self._assembly(position, indices, operand_spec,
+                                             as_rows=fuse_gathers)
                 if fuse_gathers:
                     values.append((table, rows))
                 else:

@@ -220,8 +220,8 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
     """A compiled frequent subgraph, every instance at once (codegen.py).
-    Unlike other rules it takes each operand as a (table, rows) pair, so the
-    compiled function does the operand's gather itself."""
+    Unlike other rules it takes each operand as a (table, rows) pair, and the
+    compiled function gathers the rows itself."""
     if any(shared):
         raise NoRule("a pattern argument is shared")
     return row.pattern.batched(values)
