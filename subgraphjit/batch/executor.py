@@ -61,10 +61,12 @@ class Executor:
         all_operands = self.graph.operands
         operands = [all_operands[i][position] for i in indices]
         count = len(operands)
-        every_row = tf.range(count) if as_rows else None
+
+        def every_row():
+            return tf.range(count) if as_rows else None
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
             kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
-            return np.array(operands, dtype=kind), every_row
+            return np.array(operands, dtype=kind), every_row()
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.
         batch_of, row_of = self.batch_of, self.row_of
@@ -83,14 +85,14 @@ class Executor:
                 row for _, row in locations] == list(
                 range(first_row, first_row + count)):
             if first_row == 0 and count == first_source.shape[0]:
-                return first_source, every_row
+                return first_source, every_row()
             self.statistics["slices"] += 1
             if as_rows:
                 return first_source, tf.range(first_row, first_row + count)
             return first_source[first_row:first_row + count], None
         if all(row is None for _, row in locations):
             self.statistics["stacks"] += 1
-            return tf.stack([source for source, _ in locations]), every_row
+            return tf.stack([source for source, _ in locations]), every_row()
         # Rows of several results: one concat of the sources, one gather.
         sources, offsets, singles, rows = [], {}, [], []
         for source, row in locations:
