@@ -19,6 +19,26 @@ from .rules import NoRule, gather_rows, rule_for
 _NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
 
+def _stacked(table, rows):
+    """The operand itself: the table, a slice of it, or a gather."""
+    if rows is None:
+        return table
+    if isinstance(rows, range):
+        return table[rows.start:rows.stop]
+    return gather_rows(table, tf.constant(rows, tf.int32))
+
+
+def _row_numbers(table, rows):
+    """(table, rows as an int32 tensor), every row when ``rows`` is None:
+    one form whatever the order, so a compiled pattern never retraces for
+    a slice that is a gather next time."""
+    if rows is None:
+        return table, tf.range(table.shape[0])
+    if isinstance(rows, range):
+        return table, tf.range(rows.start, rows.stop)
+    return table, tf.constant(rows, tf.int32)
+
+
 class Executor:
     def __init__(self, graph, statistics):
         self.graph = graph
@@ -51,22 +71,18 @@ class Executor:
         source, row = self._location(operand)
         return source if row is None else source[row]
 
-    def _assembly(self, position, indices, operand_spec, as_rows=False):
-        """How to stack the operand at ``position`` of every node: (value,
-        None) when ``value`` is the stacked operand already (an earlier
-        result, a slice of one, a stack), or (table, rows) when it is the
-        table's rows gathered in that order (counted as a gather).  With
-        ``as_rows`` the rows are always given, a range where no gather is
-        needed, so the consumer sees one form whatever the order."""
+    def _assembly(self, position, indices, operand_spec):
+        """(table, rows): the operand at ``position`` of every node, stacked
+        on axis 0, is the table's ``rows``.  ``rows`` is None when it is the
+        whole table (an earlier result, a stack, Python values), a ``range``
+        when it is an in-order run of it (a slice), else a list of row
+        numbers (a gather from the concatenated sources)."""
         all_operands = self.graph.operands
         operands = [all_operands[i][position] for i in indices]
         count = len(operands)
-
-        def every_row():
-            return tf.range(count) if as_rows else None
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
             kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
-            return np.array(operands, dtype=kind), every_row()
+            return np.array(operands, dtype=kind), None
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.
         batch_of, row_of = self.batch_of, self.row_of
@@ -85,14 +101,12 @@ class Executor:
                 row for _, row in locations] == list(
                 range(first_row, first_row + count)):
             if first_row == 0 and count == first_source.shape[0]:
-                return first_source, every_row()
+                return first_source, None
             self.statistics["slices"] += 1
-            if as_rows:
-                return first_source, tf.range(first_row, first_row + count)
-            return first_source[first_row:first_row + count], None
+            return first_source, range(first_row, first_row + count)
         if all(row is None for _, row in locations):
             self.statistics["stacks"] += 1
-            return tf.stack([source for source, _ in locations]), every_row()
+            return tf.stack([source for source, _ in locations]), None
         # Rows of several results: one concat of the sources, one gather.
         sources, offsets, singles, rows = [], {}, [], []
         for source, row in locations:
@@ -114,7 +128,7 @@ class Executor:
         self.statistics["gathers"] += 1
         self.statistics["bytes_gathered"] += (
             count * int(np.prod(table.shape[1:])) * table.dtype.size)
-        return table, tf.constant(rows, tf.int32)
+        return table, rows
 
     # -- running batches -----------------------------------------------------
     def run(self, indices):
@@ -136,9 +150,9 @@ class Executor:
         signature = graph.signatures[node_type]
         operand_specs = signature[3:]
         values, ranks = [], []
-        # A compiled pattern takes its arguments as rows of tables and
-        # gathers them itself (codegen.py).
-        fuse_gathers = first.row.family == "pattern"
+        # A compiled pattern takes every argument as (table, rows) and
+        # gathers it itself (codegen.py); other ops take the stacked operand.
+        take = _row_numbers if first.row.family == "pattern" else _stacked
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]
             if is_shared:
@@ -146,12 +160,7 @@ class Executor:
                 values.append(value)
                 ranks.append(len(getattr(value, "shape", ())))
             else:
-                table, rows = self._assembly(position, indices, operand_spec,
-                                             as_rows=fuse_gathers)
-                if fuse_gathers:
-                    values.append((table, rows))
-                else:
-                    values.append(table if rows is None else gather_rows(table, rows))
+                values.append(take(*self._assembly(position, indices, operand_spec)))
                 ranks.append(len(operand_spec.shape))
         try:
             batched = rule(first.row, first.attrs, values, shared, ranks,

@@ -168,7 +168,6 @@ class Simulation:
             if not self.type_waiting[index]:
                 self.type_frontier[node_type] += 1
 
-
     def step(self, node_type, alpha):
         """Run the ready nodes of one type; returns the reward (equation 1)."""
         batch = self.ready.pop(node_type)
