@@ -34,10 +34,14 @@ def reset_stats():
 
 
 def patterns():
-    """The frequent subgraphs found so far (empty while collecting), most
-    matched first; ``print(p)`` shows a pattern's signature, counts and code."""
-    return sorted((context.patterns or {}).values(),
-                  key=lambda pattern: (-pattern.matches, pattern.number))
+    """The frequent subgraphs found so far (empty while collecting), then
+    the pairs of them joined into one call, each list most matched first;
+    ``print(p)`` shows a pattern's signature, counts and code."""
+    def most_matched(found):
+        return sorted(found, key=lambda pattern: (-pattern.matches, pattern.number))
+
+    return (most_matched((context.patterns or {}).values())
+            + most_matched(SEARCH.fused.values()))
 
 
 def reset_patterns():

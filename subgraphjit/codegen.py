@@ -53,7 +53,69 @@ class Step:
     operands: list   # ("name", variable name) or ("literal", Python number)
 
 
-class Pattern:
+class _Compiled:
+    """How a pattern runs: ``call`` on one instance, ``batched`` on many.
+
+    A subclass provides ``function`` (the per-instance Python function) and
+    ``stacked_body(argument_specs)`` (the pattern as a function of its
+    stacked arguments; raises NoRule if some op has no batch rule)."""
+
+    def call(self, values, attrs=()):
+        """The pattern on one instance's arguments."""
+        key = tuple(_spec_key(value) for value in values)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = tf.function(
+                self._counting(self.function), autograph=False,
+                input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key]
+            ).get_concrete_function()
+        return compiled(*values)
+
+    def batched(self, arguments):
+        """The pattern on every instance at once.  ``arguments[i]`` is a pair
+        (table, rows): argument i of all instances, stacked along axis 0, is
+        the table's ``rows``, gathered inside the compiled function (so a
+        gather costs no launch, and no gradient op, of its own).  Raises
+        NoRule when an op of the pattern has no batch rule for these
+        operands."""
+        key = tuple((table.dtype, tuple(table.shape[1:])) for table, _ in arguments)
+        compiled = self._batched.get(key)
+        if compiled is None:
+            compiled = self._batched[key] = self._compile_batched(key)
+        if isinstance(compiled, NoRule):
+            raise compiled
+        return compiled(*[tensor for pair in arguments for tensor in pair])
+
+    def _compile_batched(self, key):
+        """The concrete function for these argument specs (see ``batched``),
+        or the NoRule that prevents one.  Called directly, a concrete
+        function skips tf.function's per-call signature matching."""
+        try:
+            body = self.stacked_body([specs.spec(dtype, shape) for dtype, shape in key])
+
+            def run_batched(*flat):
+                # ``flat``: each argument's table, then the rows to take from it.
+                return body([gather_rows(table, rows)
+                             for table, rows in zip(flat[::2], flat[1::2])])
+
+            signature = []
+            for dtype, shape in key:
+                signature += [tf.TensorSpec((None,) + shape, dtype),
+                              tf.TensorSpec((None,), tf.int32)]
+            return tf.function(
+                self._counting(run_batched), autograph=False,
+                input_signature=signature).get_concrete_function()
+        except NoRule as reason:  # also when raised while tracing
+            return reason
+
+    def _counting(self, function):
+        def traced(*arguments):
+            context.pattern_traces += 1  # runs once per trace, not per call
+            return function(*arguments)
+        return traced
+
+
+class Pattern(_Compiled):
     """A frequent subgraph, with its source and its compiled functions."""
 
     def __init__(self, signature, example_inputs, occurrences=0):
@@ -86,56 +148,6 @@ class Pattern:
     def __repr__(self):
         return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
 
-    # -- running ---------------------------------------------------------------
-    def call(self, values, attrs=()):
-        """The pattern on one instance's arguments."""
-        key = tuple(_spec_key(value) for value in values)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compiled[key] = tf.function(
-                self._counting(self.function), autograph=False,
-                input_signature=[tf.TensorSpec(shape, dtype) for dtype, shape in key]
-            ).get_concrete_function()
-        return compiled(*values)
-
-    def batched(self, arguments):
-        """The pattern on every instance at once.  ``arguments[i]`` is a pair
-        (table, rows): argument i of all instances, stacked along axis 0, is
-        the table's ``rows``, gathered inside the compiled function (so a
-        gather costs no launch, and no gradient op, of its own).  Raises
-        NoRule when an op of the pattern has no batch rule for these
-        operands."""
-        key = tuple((table.dtype, tuple(table.shape[1:])) for table, _ in arguments)
-        compiled = self._batched.get(key)
-        if compiled is None:
-            compiled = self._batched[key] = self._compile_batched(key)
-        if isinstance(compiled, NoRule):
-            raise compiled
-        return compiled(*[tensor for pair in arguments for tensor in pair])
-
-    def _compile_batched(self, key):
-        """The concrete function for these argument specs (see ``batched``),
-        or the NoRule that prevents one.  Called directly, a concrete
-        function skips tf.function's per-call signature matching."""
-        try:
-            instance_specs = self._propagate_specs(
-                [specs.spec(dtype, shape) for dtype, shape in key])
-            signature = []
-            for dtype, shape in key:
-                signature += [tf.TensorSpec((None,) + shape, dtype),
-                              tf.TensorSpec((None,), tf.int32)]
-            return tf.function(
-                self._counting(self._batched_body(instance_specs)),
-                autograph=False, input_signature=signature).get_concrete_function()
-        except NoRule as reason:  # also when raised while tracing
-            return reason
-
-    def _counting(self, function):
-        def traced(*arguments):
-            context.pattern_traces += 1  # runs once per trace, not per call
-            return function(*arguments)
-        return traced
-
     def _propagate_specs(self, argument_specs):
         """Each line's per-instance output spec for these argument specs, and
         the specs of lines computed from shared values alone."""
@@ -167,13 +179,16 @@ class Pattern:
             return shared[value]
         return self.captured[value]
 
-    def _batched_body(self, instance_specs):
-        steps, arguments, captured = self.steps, self.arguments, self.captured
+    def output_spec(self, argument_specs):
+        return self._propagate_specs(argument_specs)["v"]
 
-        def run_batched(*flat):
-            # ``flat``: each argument's table, then the rows to take from it.
-            stacked = [gather_rows(table, rows)
-                       for table, rows in zip(flat[::2], flat[1::2])]
+    def stacked_body(self, argument_specs):
+        """The pattern as a function of its stacked arguments (a list), each
+        line through its op's batch rule."""
+        steps, arguments, captured = self.steps, self.arguments, self.captured
+        instance_specs = self._propagate_specs(argument_specs)
+
+        def run_stacked(stacked):
             count = tf.shape(stacked[0])[0]
             values = dict(zip(arguments, stacked))   # stacked per-instance values
             shared_values = dict(captured)           # one value for all instances
@@ -208,13 +223,88 @@ class Pattern:
                     output_spec[0] if step.row.multi_output else output_spec, count)
             return values["v"]
 
-        return run_batched
+        return run_stacked
 
     def __str__(self):
         """A few lines for ``subgraphjit.patterns()``."""
         return (f"{self.function_name}: signature {self.signature.digest:032x}, "
                 f"{self.occurrences} occurrences while collecting, "
                 f"{self.matches} matched since, {self.op_count} ops\n{self.source}")
+
+
+class FusedPattern(_Compiled):
+    """Two patterns run as one: ``producer``, a pattern with several outputs
+    (a ``tf.split``), and ``consumer``, a pattern that reads some of them.
+    Its outputs are the producer's, then the consumer's.
+
+    ``wiring`` says where each consumer argument comes from: ("output", k),
+    the producer's output k; ("argument", i), argument i of the fused
+    pattern (the producer's come first, then the consumer's own).  One
+    launch for both halves of a cell that the multi-consumer rule (thesis
+    5.5) cut in two: the Tree-LSTM's gates and its memory cell."""
+
+    def __init__(self, producer, consumer, wiring, extra_count):
+        self.number = next(_pattern_numbers)
+        self.producer, self.consumer, self.wiring = producer, consumer, wiring
+        self.matches = 0
+        self.op_count = producer.op_count + consumer.op_count
+        self.function_name = (f"{producer.function_name}_then_"
+                              f"{consumer.function_name.removeprefix('pattern_')}")
+        self.arguments = [f"x_{index}" for index in
+                          range(len(producer.arguments) + extra_count)]
+        self.source = self._render_source()
+        filename = f"<subgraphjit {self.function_name}>"
+        linecache.cache[filename] = (len(self.source), None,
+                                     self.source.splitlines(True), filename)
+        namespace = {producer.function_name: producer.function,
+                     consumer.function_name: consumer.function}
+        exec(compile(self.source, filename, "exec"), namespace)
+        self.function = namespace[self.function_name]
+        self._compiled = {}
+        self._batched = {}
+        self.row = OpRow(f"pattern.{producer.number}+{consumer.number}", None,
+                         "pattern", tensors=len(self.arguments), multi_output=True)
+        self.row.call = self.call
+        self.row.pattern = self
+
+    def _render_source(self):
+        producer_count = len(self.producer.arguments)
+        consumer_operands = [
+            f"v[{place}]" if kind == "output" else self.arguments[place]
+            for kind, place in self.wiring]
+        return "\n".join([
+            f"def {self.function_name}({', '.join(self.arguments)}):",
+            f'    """{self.producer.function_name}, then '
+            f'{self.consumer.function_name} on its outputs, in one call."""',
+            f"    v = {self.producer.function_name}"
+            f"({', '.join(self.arguments[:producer_count])})",
+            f"    w = {self.consumer.function_name}({', '.join(consumer_operands)})",
+            "    return (*v, w)"]) + "\n"
+
+    def __repr__(self):
+        return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
+
+    def __str__(self):
+        return (f"{self.function_name}: {self.producer.function_name} and "
+                f"{self.consumer.function_name} in one call, {self.matches} "
+                f"matched, {self.op_count} ops\n{self.source}")
+
+    def _consumer_arguments(self, arguments, producer_outputs):
+        return [producer_outputs[place] if kind == "output" else arguments[place]
+                for kind, place in self.wiring]
+
+    def stacked_body(self, argument_specs):
+        producer_count = len(self.producer.arguments)
+        producer_specs = argument_specs[:producer_count]
+        produce = self.producer.stacked_body(producer_specs)
+        consume = self.consumer.stacked_body(self._consumer_arguments(
+            argument_specs, self.producer.output_spec(producer_specs)))
+
+        def run_stacked(stacked):
+            outputs = produce(stacked[:producer_count])
+            return (*outputs, consume(self._consumer_arguments(stacked, outputs)))
+
+        return run_stacked
 
 
 def _spec_key(value):

@@ -38,6 +38,14 @@ def _positive_int(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _parse_flag(text):
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_flag(value):
+    return isinstance(value, bool)
+
+
 def _one_of(*choices):
     return lambda value: value in choices
 
@@ -70,6 +78,11 @@ PARAMETERS = {
         "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
         "'fsm' (ED-Batch: a policy learned by Q-learning on the first "
         "minibatch), or 'none' to run every node on its own"),
+    "fuse": Parameter(
+        True, _parse_flag, _is_flag,
+        "join a pattern with the multi-output pattern whose outputs it reads "
+        "into one compiled call, where that delays nothing (the Tree-LSTM's "
+        "gates and memory cell: one launch per tree level instead of two)"),
     "layout": Parameter(
         "none", str, _one_of("none", "pq"),
         "row order of batched results: as scheduled ('none'), or planned "
@@ -84,13 +97,11 @@ PARAMETERS = {
         "a file for the FSM scheduler's learned Q-table: loaded if it exists "
         "(no training), written after training otherwise; '' keeps it in memory"),
     "lower_bound": Parameter(
-        False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
-        lambda value: isinstance(value, bool),
+        False, _parse_flag, _is_flag,
         "compute ED-Batch's lower bound on batches per evaluation (costs "
         "one pass over the graph per node type)"),
     "debug": Parameter(
-        False, lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
-        lambda value: isinstance(value, bool),
+        False, _parse_flag, _is_flag,
         "print a summary after every evaluation"),
 }
 
@@ -213,6 +224,7 @@ class Context:
         self.inference_seconds = 0.0
         self.search_seconds = 0.0
         self.pattern_matches = 0
+        self.pattern_fusions = 0
         self.pattern_traces = 0
         self.shape_inferences = 0
         self.started = time.perf_counter()
@@ -229,6 +241,7 @@ class Context:
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),
             "pattern_matches": self.pattern_matches,
+            "pattern_fusions": self.pattern_fusions,
             "pattern_traces": self.pattern_traces,
             "search_seconds": self.search_seconds,
             "evaluate_seconds": self.evaluate_seconds,

@@ -109,8 +109,8 @@ def debug_summary(before, after, nodes, launches, seconds):
     ]
     if grew("search_seconds"):
         lines.append(f"  patterns: {grew('pattern_matches')} nodes replaced by "
-                     f"{after['patterns']} patterns, search "
-                     f"{grew('search_seconds') * 1e3:.1f} ms")
+                     f"{after['patterns']} patterns, {grew('pattern_fusions')} "
+                     f"pairs joined, search {grew('search_seconds') * 1e3:.1f} ms")
     if grew("fsm_training_seconds") or grew("scheduler_fallbacks"):
         lines.append(f"  fsm: learned for {grew('fsm_training_seconds') * 1e3:.0f} ms "
                      f"({grew('fsm_training_iterations')} episodes), "

@@ -26,7 +26,7 @@ is one input.
 import collections
 import time
 
-from .codegen import ROWS_BY_NAME, Pattern
+from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import ACCESS
@@ -48,6 +48,7 @@ class PatternSearch:
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
         self.templates = {}      # root op-table row -> [(Template, Pattern)]
+        self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
         context.patterns = None  # signature -> Pattern, once collection ends
 
     def optimize(self, nodes, required):
@@ -110,37 +111,128 @@ class PatternSearch:
 
     # -- stage 2 -----------------------------------------------------------------
     def _replace(self, roots, signer, depth):
-        templates = self.templates
         swallowed = context.swallowed
-        kept = []
-        matches = 0
-        match = signer.match
+        # Per root op: (matcher, pattern) to try, the largest pattern first.
+        candidates_by_row = {
+            row: [(signer.matcher(template, depth), pattern)
+                  for template, pattern in candidates]
+            for row, candidates in self.templates.items()}
+        kept, replaced = [], []
         for node, walk in _queue_search(roots):
             kept.append(node)
-            candidates = templates.get(node.row)
+            candidates = candidates_by_row.get(node.row)
             found = None
             if candidates and not has_value_operand(node):
-                for template, pattern in candidates:
-                    found = match(node, depth, template)
+                for matcher, pattern in candidates:
+                    found = matcher(node)
                     if found is not None:
                         break
             if found is None:
                 walk(node.inputs)
                 continue
-            arguments = tuple(found.inputs[position]
+            inputs, inner_nodes = found
+            arguments = tuple(inputs[position]
                               for position in pattern.argument_positions)
             node.row, node.attrs, node.inputs = pattern.row, (), arguments
-            swallowed.update(inner.id for inner in found.nodes if inner is not node)
+            inner_nodes.pop()  # the root, last in the walk's order
+            swallowed.update(inner.id for inner in inner_nodes)
             pattern.matches += 1
-            matches += 1
+            replaced.append(node)
             walk(arguments)
-        context.pattern_matches += matches
+        context.pattern_matches += len(replaced)
         kept.sort(key=_node_id)
+        if context.parameters["fuse"]:
+            replaced.sort(key=_node_id)
+            self._fuse(replaced)
         return kept
+
+    def _fuse(self, pattern_nodes):
+        """Join each pattern node to the multi-output pattern node whose
+        outputs it reads, into one node running both (``FusedPattern``):
+        the producer's node runs the pair, and the consumer's becomes an
+        access to its last output.  Only where that delays nothing: every
+        other argument of the consumer is an argument of the producer, an
+        ancestor of one, or already evaluated.  In recording order, so a
+        node is joined at most once, and a joined pair is never the
+        producer of another (a tree's cells stay one launch per level)."""
+        for node in pattern_nodes:
+            if node.row.multi_output:  # its outputs' accesses would nest
+                continue
+            producer = _latest_producer(node)
+            if producer is None:
+                continue
+            wiring, extras = _wiring(node, producer)
+            if wiring is None:
+                continue
+            key = (producer.row.pattern, node.row.pattern, wiring)
+            fused = self.fused.get(key)
+            if fused is None:
+                fused = self.fused[key] = FusedPattern(*key, len(extras))
+            output = len(producer.spec)
+            producer.row = fused.row
+            producer.inputs = tuple(producer.inputs) + tuple(extras)
+            producer.spec = tuple(producer.spec) + (node.spec,)
+            node.row, node.attrs, node.inputs = ACCESS, (output,), (producer,)
+            fused.matches += 1
+            context.pattern_fusions += 1
 
 
 def _node_id(node):
     return node.id
+
+
+def _latest_producer(node):
+    """The last recorded unjoined multi-output pattern node whose outputs
+    ``node`` reads, or None."""
+    latest = None
+    for operand in node.inputs:
+        if type(operand) is VirtualNode and operand.row is ACCESS \
+                and not operand.evaluated:
+            source = operand.inputs[0]
+            if source.row.multi_output and source.row.family == "pattern" \
+                    and type(source.row.pattern) is Pattern \
+                    and (latest is None or source.id > latest.id):
+                latest = source
+    return latest
+
+
+def _wiring(consumer, producer):
+    """Where each argument of ``consumer`` comes from once joined to
+    ``producer`` (see FusedPattern), and the arguments it adds; (None, None)
+    if joining would make the pair wait for something the producer does not."""
+    arguments = {id(operand): place for place, operand in enumerate(producer.inputs)}
+    wiring, extras = [], []
+    for operand in consumer.inputs:
+        if operand.row is ACCESS and not operand.evaluated \
+                and operand.inputs[0] is producer:
+            wiring.append(("output", operand.attrs[0]))
+        elif id(operand) in arguments:
+            wiring.append(("argument", arguments[id(operand)]))
+        elif operand.evaluated or _feeds(operand, producer):
+            wiring.append(("argument", len(arguments) + len(extras)))
+            extras.append(operand)
+        else:
+            return None, None
+    return tuple(wiring), extras
+
+
+def _feeds(node, producer, budget=64):
+    """Is ``node`` an unevaluated ancestor of an argument of ``producer``
+    (so ready before it)?  A node's ancestors have smaller ids, which
+    bounds the walk; a long one gives up (no)."""
+    stack = [operand for operand in producer.inputs if operand.id > node.id]
+    seen = set()
+    while stack and budget:
+        budget -= 1
+        current = stack.pop()
+        for operand in current.inputs:
+            if operand is node:
+                return True
+            if type(operand) is VirtualNode and operand.id > node.id \
+                    and operand.id not in seen and not operand.evaluated:
+                seen.add(operand.id)
+                stack.append(operand)
+    return False
 
 
 def _queue_search(roots):
@@ -151,8 +243,8 @@ def _queue_search(roots):
 
     def walk(operands):
         for operand in operands:
-            if type(operand) is VirtualNode and not operand.evaluated \
-                    and operand.id not in seen:
+            if type(operand) is VirtualNode and operand.result is None \
+                    and operand.batch is None and operand.id not in seen:
                 seen.add(operand.id)
                 queue.append(operand)
 

@@ -36,6 +36,9 @@ no subgraph is hashed twice, except where a ``shared`` marker makes the
 result depend on the walk that found it.
 """
 
+import functools
+import itertools
+
 import tensorflow as tf
 import xxhash
 
@@ -186,62 +189,21 @@ class Signer:
         """The walk from ``root`` if its signature's key equals the
         template's (see ``Template``), else None.  It compares structure
         top-down and stops at the first difference, hashing nothing: the
-        cheap way to find known patterns."""
-        walk = _WalkState(root)
-        return Walk(template.signature, walk.inputs, walk.nodes) \
-            if self._match(root, depth, template, walk) else None
+        cheap way to find known patterns.  ``walk`` is the specification; a
+        property test checks the two agree."""
+        found = self.matcher(template, depth)(root)
+        return None if found is None else Walk(template.signature, *found)
 
-    def _match(self, node, depth, template, walk):
-        # Written for speed (it runs for every node of every minibatch once
-        # patterns are known); ``_signature`` is the specification, and a
-        # property test checks the two agree.
-        kind = template.kind
-        ordinal = walk.visited.get(node.id)
-        if ordinal is not None:
-            return kind == "shared" and template.detail == ordinal[0]
-        row, inputs = node.row, node.inputs
-        if row is ACCESS:
-            if self._stops_at(node, depth, walk):
-                return kind == "input" and self._match_input(node, template, walk)
-            return (kind == "output" and template.detail == node.attrs[0]
-                    and self._match(inputs[0], depth, template.children[0], walk))
-        if depth == 0 or not inputs or (
-                node is not walk.root and self.for_patterns
-                and (node.consumers > 1 or node.id in self.required)):
-            return kind == "input" and self._match_input(node, template, walk)
-        if kind != "op":
-            # The signer stops at a node fed a NumPy or list value too.
-            return (kind == "input" and self.for_patterns
-                    and has_value_operand(node)
-                    and self._match_input(node, template, walk))
-        attrs = node.attrs
-        if (row is not template.detail or attrs != template.attrs
-                or len(inputs) != template.arity
-                or (attrs and tuple(map(type, attrs)) != template.attr_types)
-                or (self._spec_labels.get(node.spec) or self._spec_label(node.spec))
-                != template.spec_label):
-            return False
-        for operand, child in zip(inputs, template.children):
-            if type(operand) is VirtualNode:
-                if not self._match(operand, depth - 1, child, walk):
-                    return False
-            elif self._operand_label(operand) != child.label:
-                return False
-            else:
-                walk.inputs.append(operand)
-        walk.visited[node.id] = (len(walk.trail), None)
-        walk.trail.append(None)
-        walk.nodes.append(node)
-        return True
-
-    def _match_input(self, node, template, walk):
-        if (self._input_labels.get(node.spec) or self._boundary_label(node)) \
-                != template.label:
-            return False
-        walk.visited[node.id] = (len(walk.trail), None)
-        walk.trail.append(None)
-        walk.inputs.append(node)
-        return True
+    def matcher(self, template, depth):
+        """``match`` as a function of the root alone, returning the walk's
+        (inputs, nodes) or None: for a caller that matches many roots."""
+        compiled = template.matchers.get(depth)
+        if compiled is None:
+            compiled = template.matchers[depth] = _compile_matcher(template, depth)
+        return functools.partial(
+            compiled, required=self.required, spec_labels=self._spec_labels,
+            spec_label=self._spec_label, input_labels=self._input_labels,
+            input_label=self._boundary_label, operand_label=self._operand_label)
 
     def _spec_label(self, spec):
         """The spec part of a node's label, cached per (interned) spec."""
@@ -290,7 +252,7 @@ class Template:
     op-table row, the output index or the shared node's position."""
 
     __slots__ = ("signature", "key", "kind", "label", "detail", "attrs",
-                 "attr_types", "spec_label", "arity", "children")
+                 "attr_types", "spec_label", "arity", "children", "matchers")
 
     def __init__(self, key, rows, signature=None):
         self.signature = signature
@@ -305,6 +267,96 @@ class Template:
         self.spec_label = label[4] if self.kind == "op" else None
         self.children = [Template(child, rows) for child in children]
         self.arity = len(self.children)
+        self.matchers = {}  # depth -> compiled matcher (``_compile_matcher``)
+
+
+_OPERAND_KINDS = ("parameter", "constant", "tensor", "value")
+
+
+def _compile_matcher(template, depth):
+    """A Python function that matches ``template`` at ``depth`` from a root
+    node: the recursive comparison ``walk`` implies, unrolled into straight
+    code with every depth, label and visiting position decided here, once.
+    Matching runs for every node of every minibatch, so this is the search's
+    hot loop.  It returns (inputs, nodes) as ``walk`` lists them, or None."""
+    lines = ["def match(n0, required, spec_labels, spec_label, input_labels,"
+             " input_label, operand_label):",
+             "    seen = set()", "    inputs = []", "    nodes = []"]
+    constants = {"VirtualNode": VirtualNode, "ACCESS": ACCESS,
+                 "has_value_operand": has_value_operand}
+    trail = []           # variable holding the node at each visiting position
+    names = itertools.count(1)
+
+    def constant(value):
+        name = f"c{len(constants)}"
+        constants[name] = value
+        return name
+
+    def emit(line):
+        lines.append("    " + line)
+
+    def node(t, var, depth, is_root):
+        if t.kind == "shared":  # the very node visited at that position
+            emit(f"if {var} is not {trail[t.detail]}: return None")
+            return
+        if not is_root:
+            emit(f"if {var}.id in seen: return None")
+        if t.kind == "input":  # the walk must stop here (Signer._stops_at)
+            source = f"n{next(names)}"
+            emit(f"if {var}.row is ACCESS:")
+            emit(f"    if {var}.inputs:")
+            emit(f"        {source} = {var}.inputs[0]")
+            emit(f"        if {source}.id in seen: return None")
+            if depth > 0:  # else depth alone stops it
+                emit(f"        if {source}.inputs and {source}.consumers < 2 and "
+                     f"{source}.id not in required: return None")
+                emit(f"elif {var}.inputs and {var}.consumers < 2 and {var}.id not "
+                     f"in required and not has_value_operand({var}): return None")
+            emit(f"if (input_labels.get({var}.spec) or input_label({var})) "
+                 f"!= {constant(t.label)}: return None")
+            emit(f"seen.add({var}.id); inputs.append({var})")
+            trail.append(var)
+        elif t.kind == "output":
+            source = f"n{next(names)}"
+            emit(f"if {var}.row is not ACCESS or not {var}.inputs or "
+                 f"{var}.attrs[0] != {t.detail}: return None")
+            emit(f"{source} = {var}.inputs[0]")
+            stops = ("True" if depth == 0 else
+                     f"(not {source}.inputs or {source}.consumers > 1 "
+                     f"or {source}.id in required)")
+            emit(f"if {stops} and {source}.id not in seen: return None")
+            node(t.children[0], source, depth, False)
+        elif t.kind == "op" and depth > 0:
+            checks = [f"{var}.row is not {constant(t.detail)}",
+                      f"len({var}.inputs) != {t.arity}",
+                      f"{var}.attrs != {constant(t.attrs)}"]
+            if t.attrs:
+                checks.append(f"tuple(map(type, {var}.attrs)) != {constant(t.attr_types)}")
+            if not is_root:
+                checks.append(f"{var}.consumers > 1 or {var}.id in required")
+            checks.append(f"(spec_labels.get({var}.spec) or spec_label({var}.spec)) "
+                          f"!= {constant(t.spec_label)}")
+            emit(f"if {' or '.join(checks)}: return None")
+            for position, child in enumerate(t.children):
+                operand = f"n{next(names)}"
+                emit(f"{operand} = {var}.inputs[{position}]")
+                if child.kind in _OPERAND_KINDS:  # not a recorded node
+                    emit(f"if type({operand}) is VirtualNode or operand_label("
+                         f"{operand}) != {constant(child.label)}: return None")
+                    emit(f"inputs.append({operand})")
+                else:
+                    emit(f"if type({operand}) is not VirtualNode: return None")
+                    node(child, operand, depth - 1, False)
+            emit(f"seen.add({var}.id); nodes.append({var})")
+            trail.append(var)
+        else:  # an op at depth 0, or a leaf kind where a node must be
+            emit("return None")
+
+    node(template, "n0", depth, True)
+    emit("return inputs, nodes")
+    namespace = dict(constants)
+    exec(compile("\n".join(lines) + "\n", "<subgraphjit matcher>", "exec"), namespace)
+    return namespace["match"]
 
 
 def has_value_operand(node):

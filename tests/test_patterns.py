@@ -210,7 +210,8 @@ def test_statistics_collect_then_replace(parameters):
     assert_matches_eager(model, model.random_examples(rng, 3))
     stats = tf.stats()
     assert stats["pattern_matches"] > 0 and stats["search_seconds"] > 0
-    assert stats["patterns"] == len(tf.patterns())
+    frequent = [p for p in tf.patterns() if "_then_" not in p.function_name]
+    assert stats["patterns"] == len(frequent)
 
 
 @pytest.mark.parametrize("level", signatures.LEVELS)
