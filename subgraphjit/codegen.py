@@ -23,6 +23,9 @@ function, which skips tf.function's per-call signature matching:
   Every argument arrives as a table and the rows to take from it, gathered
   inside the function: a gather costs no launch of its own, and an argument
   that is a slice one time and a gather the next does not retrace.
+
+A ``FusedPattern`` runs two patterns, one reading the other's outputs, as
+one compiled function (see ``search.py`` for when they are joined).
 """
 
 import dataclasses

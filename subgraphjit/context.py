@@ -192,11 +192,14 @@ class Context:
         self.scopes.append(self.pending)
 
     def close_scope(self):
-        """Close the innermost scope; returns the nodes to evaluate."""
+        """Close the innermost scope; returns its nodes still to evaluate."""
         recorded = self.scopes.pop()
         self.pending = self.scopes[-1] if self.scopes else None
         if not self.scopes and self.collector_was_on:
             gc.enable()
+        # Usually a build in the scope has evaluated nearly everything.
+        recorded = [node for node in recorded
+                    if node.result is None and node.batch is None]
         swallowed = self.swallowed
         if swallowed:
             recorded = [node for node in recorded if node.id not in swallowed

@@ -25,16 +25,16 @@ from .patch.record import annotate
 def unevaluated_ancestors(targets):
     """Every unevaluated node the targets depend on, in recording order."""
     found = {}
-    stack = [node for node in targets
-             if type(node) is VirtualNode and not node.evaluated]
+    stack = [node for node in targets if type(node) is VirtualNode
+             and node.result is None and node.batch is None]
     while stack:
         node = stack.pop()
         if node.id in found:
             continue
         found[node.id] = node
         for operand in node.inputs:
-            if type(operand) is VirtualNode and not operand.evaluated \
-                    and operand.id not in found:
+            if type(operand) is VirtualNode and operand.result is None \
+                    and operand.batch is None and operand.id not in found:
                 stack.append(operand)
     return [found[node_id] for node_id in sorted(found)]
 

@@ -18,6 +18,12 @@ only its root or an input.  A node swallowed by a pattern is not evaluated;
 it keeps its inputs, so if the user asks for its value later it is computed
 then.
 
+That rule cuts a cell whose parent reads two of its values (the Tree-LSTM's
+output gate, from the gates' split, and its memory cell) into two patterns.
+After replacement, a pattern reading a multi-output pattern's outputs is
+joined to it into one node running both (``codegen.FusedPattern``), where
+that makes neither wait: one launch per cell instead of two.
+
 An *input* (the unit of ``freq``) is one root of an evaluated DAG: a node
 nothing else consumes.  When one loss sums a whole minibatch, the minibatch
 is one input.
@@ -73,7 +79,7 @@ class PatternSearch:
             if self.minibatches >= settings[3]:
                 self._select(settings[2])
             return nodes
-        return self._replace(roots, signer, depth)
+        return self._replace(nodes, roots, signer, depth)
 
     # -- stage 1 -----------------------------------------------------------------
     def _collect(self, roots, signer, depth):
@@ -110,41 +116,49 @@ class PatternSearch:
             self.on_collected(patterns)
 
     # -- stage 2 -----------------------------------------------------------------
-    def _replace(self, roots, signer, depth):
+    def _replace(self, nodes, roots, signer, depth):
+        # The queue search of ``_queue_search``, written out: it runs on
+        # every minibatch once patterns are known.
         swallowed = context.swallowed
         # Per root op: (matcher, pattern) to try, the largest pattern first.
         candidates_by_row = {
             row: [(signer.matcher(template, depth), pattern)
                   for template, pattern in candidates]
             for row, candidates in self.templates.items()}
-        kept, replaced = [], []
-        for node, walk in _queue_search(roots):
-            kept.append(node)
+        replaced = []
+        queue = collections.deque(roots)
+        reached = {node.id for node in roots}
+        while queue:
+            node = queue.popleft()
             candidates = candidates_by_row.get(node.row)
             found = None
-            if candidates and not has_value_operand(node):
+            if candidates:  # (a root fed a NumPy or list value never matches:
+                # collection never walks one, so no template holds such a value)
                 for matcher, pattern in candidates:
                     found = matcher(node)
                     if found is not None:
                         break
             if found is None:
-                walk(node.inputs)
-                continue
-            inputs, inner_nodes = found
-            arguments = tuple(inputs[position]
-                              for position in pattern.argument_positions)
-            node.row, node.attrs, node.inputs = pattern.row, (), arguments
-            inner_nodes.pop()  # the root, last in the walk's order
-            swallowed.update(inner.id for inner in inner_nodes)
-            pattern.matches += 1
-            replaced.append(node)
-            walk(arguments)
+                operands = node.inputs
+            else:
+                inputs, inner_nodes = found
+                operands = tuple(inputs[position]
+                                 for position in pattern.argument_positions)
+                node.row, node.attrs, node.inputs = pattern.row, (), operands
+                inner_nodes.pop()  # the root, last in the walk's order
+                swallowed.update([inner.id for inner in inner_nodes])
+                pattern.matches += 1
+                replaced.append(node)
+            for operand in operands:
+                if type(operand) is VirtualNode and operand.result is None \
+                        and operand.batch is None and operand.id not in reached:
+                    reached.add(operand.id)
+                    queue.append(operand)
         context.pattern_matches += len(replaced)
-        kept.sort(key=_node_id)
         if context.parameters["fuse"]:
             replaced.sort(key=_node_id)
             self._fuse(replaced)
-        return kept
+        return [node for node in nodes if node.id in reached]  # in order
 
     def _fuse(self, pattern_nodes):
         """Join each pattern node to the multi-output pattern node whose
@@ -183,14 +197,14 @@ def _node_id(node):
 
 def _latest_producer(node):
     """The last recorded unjoined multi-output pattern node whose outputs
-    ``node`` reads, or None."""
+    ``node`` reads, or None.  (A pattern's arguments are all nodes.)"""
     latest = None
     for operand in node.inputs:
-        if type(operand) is VirtualNode and operand.row is ACCESS \
-                and not operand.evaluated:
+        if operand.row is ACCESS and operand.inputs:  # (evaluated: no inputs)
             source = operand.inputs[0]
-            if source.row.multi_output and source.row.family == "pattern" \
-                    and type(source.row.pattern) is Pattern \
+            row = source.row
+            if row.family == "pattern" and row.multi_output \
+                    and type(row.pattern) is Pattern \
                     and (latest is None or source.id > latest.id):
                 latest = source
     return latest
@@ -200,19 +214,21 @@ def _wiring(consumer, producer):
     """Where each argument of ``consumer`` comes from once joined to
     ``producer`` (see FusedPattern), and the arguments it adds; (None, None)
     if joining would make the pair wait for something the producer does not."""
-    arguments = {id(operand): place for place, operand in enumerate(producer.inputs)}
+    arguments = producer.inputs
     wiring, extras = [], []
     for operand in consumer.inputs:
-        if operand.row is ACCESS and not operand.evaluated \
-                and operand.inputs[0] is producer:
+        if operand.row is ACCESS and operand.inputs and operand.inputs[0] is producer:
             wiring.append(("output", operand.attrs[0]))
-        elif id(operand) in arguments:
-            wiring.append(("argument", arguments[id(operand)]))
-        elif operand.evaluated or _feeds(operand, producer):
+            continue
+        for place, argument in enumerate(arguments):
+            if argument is operand:
+                wiring.append(("argument", place))
+                break
+        else:
+            if not (operand.evaluated or _feeds(operand, producer)):
+                return None, None
             wiring.append(("argument", len(arguments) + len(extras)))
             extras.append(operand)
-        else:
-            return None, None
     return tuple(wiring), extras
 
 
@@ -237,7 +253,8 @@ def _feeds(node, producer, budget=64):
 
 def _queue_search(roots):
     """Yield (node, walk) for each unevaluated node reached from the roots,
-    once; the consumer calls ``walk(operands)`` to go on from there."""
+    once; the consumer calls ``walk(operands)`` to go on from there.
+    (``_replace`` has its own copy, for speed.)"""
     queue = collections.deque(roots)
     seen = {node.id for node in roots}
 

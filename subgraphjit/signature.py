@@ -36,7 +36,6 @@ no subgraph is hashed twice, except where a ``shared`` marker makes the
 result depend on the walk that found it.
 """
 
-import functools
 import itertools
 
 import tensorflow as tf
@@ -197,13 +196,11 @@ class Signer:
     def matcher(self, template, depth):
         """``match`` as a function of the root alone, returning the walk's
         (inputs, nodes) or None: for a caller that matches many roots."""
-        compiled = template.matchers.get(depth)
-        if compiled is None:
-            compiled = template.matchers[depth] = _compile_matcher(template, depth)
-        return functools.partial(
-            compiled, required=self.required, spec_labels=self._spec_labels,
-            spec_label=self._spec_label, input_labels=self._input_labels,
-            input_label=self._boundary_label, operand_label=self._operand_label)
+        make = template.matchers.get(depth)
+        if make is None:
+            make = template.matchers[depth] = _compile_matcher(template, depth)
+        return make(self.required, self._spec_labels, self._spec_label,
+                    self._input_labels, self._boundary_label, self._operand_label)
 
     def _spec_label(self, spec):
         """The spec part of a node's label, cached per (interned) spec."""
@@ -267,7 +264,7 @@ class Template:
         self.spec_label = label[4] if self.kind == "op" else None
         self.children = [Template(child, rows) for child in children]
         self.arity = len(self.children)
-        self.matchers = {}  # depth -> compiled matcher (``_compile_matcher``)
+        self.matchers = {}  # depth -> matcher factory (``_compile_matcher``)
 
 
 _OPERAND_KINDS = ("parameter", "constant", "tensor", "value")
@@ -278,9 +275,12 @@ def _compile_matcher(template, depth):
     node: the recursive comparison ``walk`` implies, unrolled into straight
     code with every depth, label and visiting position decided here, once.
     Matching runs for every node of every minibatch, so this is the search's
-    hot loop.  It returns (inputs, nodes) as ``walk`` lists them, or None."""
-    lines = ["def match(n0, required, spec_labels, spec_label, input_labels,"
+    hot loop.  The function returns (inputs, nodes) as ``walk`` lists them,
+    or None; it is made per Signer (its required nodes and label caches)
+    by the factory returned here."""
+    lines = ["def make(required, spec_labels, spec_label, input_labels,"
              " input_label, operand_label):",
+             "  def match(n0):",
              "    seen = set()", "    inputs = []", "    nodes = []"]
     constants = {"VirtualNode": VirtualNode, "ACCESS": ACCESS,
                  "has_value_operand": has_value_operand}
@@ -299,7 +299,7 @@ def _compile_matcher(template, depth):
         if t.kind == "shared":  # the very node visited at that position
             emit(f"if {var} is not {trail[t.detail]}: return None")
             return
-        if not is_root:
+        if not is_root and t.kind != "op":  # (an op has one consumer: reached once)
             emit(f"if {var}.id in seen: return None")
         if t.kind == "input":  # the walk must stop here (Signer._stops_at)
             source = f"n{next(names)}"
@@ -347,16 +347,17 @@ def _compile_matcher(template, depth):
                 else:
                     emit(f"if type({operand}) is not VirtualNode: return None")
                     node(child, operand, depth - 1, False)
-            emit(f"seen.add({var}.id); nodes.append({var})")
+            emit(f"nodes.append({var})")
             trail.append(var)
         else:  # an op at depth 0, or a leaf kind where a node must be
             emit("return None")
 
     node(template, "n0", depth, True)
     emit("return inputs, nodes")
+    lines.append("  return match")
     namespace = dict(constants)
     exec(compile("\n".join(lines) + "\n", "<subgraphjit matcher>", "exec"), namespace)
-    return namespace["match"]
+    return namespace["make"]
 
 
 def has_value_operand(node):
