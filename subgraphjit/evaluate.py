@@ -65,7 +65,8 @@ def evaluate(targets, required=None):
         return
     started = time.perf_counter()
     if context.parameters["granularity"] == "subgraph":
-        nodes = search.optimize(nodes, targets if required is None else required)
+        nodes = search.optimize(nodes, targets,
+                                targets if required is None else required)
     context.session += 1
     before = context.stats() if context.parameters["debug"] else None
     # Evaluation allocates many short-lived objects but frees none of its

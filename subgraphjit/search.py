@@ -53,13 +53,15 @@ class PatternSearch:
         self.counts = collections.Counter()
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
-        self.templates = {}      # root op-table row -> [(Template, Pattern)]
+        self.templates = {}      # root (op-table row, attrs) -> [(Template, Pattern)]
         self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
         context.patterns = None  # signature -> Pattern, once collection ends
 
-    def optimize(self, nodes, required):
+    def optimize(self, nodes, targets, required):
         """Collect from, or replace patterns in, the nodes of one evaluation
-        (in recording order); returns the nodes left to run, in order."""
+        (in recording order: the unevaluated ancestors of ``targets``, of
+        which ``required`` must get values); returns the nodes left to run,
+        in order."""
         parameters = context.parameters
         settings = (parameters["depth"], parameters["equivalence"],
                     parameters["freq"], parameters["collect"])
@@ -69,8 +71,11 @@ class PatternSearch:
         depth, level = settings[0], settings[1]
         required = {node.id for node in required if type(node) is VirtualNode}
         # Roots: what nothing else consumes, and what the caller asked for.
-        roots = [node for node in nodes
-                 if not node.consumers or node.id in required]
+        # Only targets can be roots: every other node feeds one.
+        roots = sorted({node.id: node for node in targets if type(node) is VirtualNode
+                        and node.result is None and node.batch is None
+                        and (not node.consumers or node.id in required)}.values(),
+                       key=_node_id)
         signer = Signer(level, for_patterns=True, required=required)
         if context.patterns is None:  # stage 1
             self._collect(roots, signer, depth)
@@ -79,7 +84,7 @@ class PatternSearch:
             if self.minibatches >= settings[3]:
                 self._select(settings[2])
             return nodes
-        return self._replace(nodes, roots, signer, depth)
+        return self._replace(roots, signer, depth)
 
     # -- stage 1 -----------------------------------------------------------------
     def _collect(self, roots, signer, depth):
@@ -107,7 +112,8 @@ class PatternSearch:
                 continue
             patterns[signature] = pattern
             template = Template(signature.key, ROWS_BY_NAME, signature)
-            self.templates.setdefault(template.detail, []).append((template, pattern))
+            root = (template.detail, template.attrs)
+            self.templates.setdefault(root, []).append((template, pattern))
         for candidates in self.templates.values():  # the largest first
             candidates.sort(key=lambda candidate: -candidate[1].op_count)
         context.patterns = patterns
@@ -116,21 +122,23 @@ class PatternSearch:
             self.on_collected(patterns)
 
     # -- stage 2 -----------------------------------------------------------------
-    def _replace(self, nodes, roots, signer, depth):
+    def _replace(self, roots, signer, depth):
         # The queue search of ``_queue_search``, written out: it runs on
         # every minibatch once patterns are known.
         swallowed = context.swallowed
-        # Per root op: (matcher, pattern) to try, the largest pattern first.
-        candidates_by_row = {
-            row: [(signer.matcher(template, depth), pattern)
-                  for template, pattern in candidates]
-            for row, candidates in self.templates.items()}
+        # Per root op and attributes (a leaf's 3-way split and an inner
+        # node's 5-way one try different patterns): (matcher, pattern) to
+        # try, the largest pattern first.
+        candidates_by_root = {
+            root: [(signer.matcher(template, depth), pattern)
+                   for template, pattern in candidates]
+            for root, candidates in self.templates.items()}
         replaced = []
         queue = collections.deque(roots)
-        reached = {node.id for node in roots}
+        reached = {node.id: node for node in roots}
         while queue:
             node = queue.popleft()
-            candidates = candidates_by_row.get(node.row)
+            candidates = candidates_by_root.get((node.row, node.attrs))
             found = None
             if candidates:  # (a root fed a NumPy or list value never matches:
                 # collection never walks one, so no template holds such a value)
@@ -152,13 +160,13 @@ class PatternSearch:
             for operand in operands:
                 if type(operand) is VirtualNode and operand.result is None \
                         and operand.batch is None and operand.id not in reached:
-                    reached.add(operand.id)
+                    reached[operand.id] = operand
                     queue.append(operand)
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
             replaced.sort(key=_node_id)
             self._fuse(replaced)
-        return [node for node in nodes if node.id in reached]  # in order
+        return [reached[node_id] for node_id in sorted(reached)]  # in order
 
     def _fuse(self, pattern_nodes):
         """Join each pattern node to the multi-output pattern node whose
@@ -272,10 +280,10 @@ def _queue_search(roots):
 SEARCH = PatternSearch()
 
 
-def optimize(nodes, required):
+def optimize(nodes, targets, required):
     """Stage 1 or 2 on one evaluation's nodes, timed for the statistics."""
     started = time.perf_counter()
     try:
-        return SEARCH.optimize(nodes, required)
+        return SEARCH.optimize(nodes, targets, required)
     finally:
         context.search_seconds += time.perf_counter() - started
