@@ -111,6 +111,17 @@ class _Compiled:
         except NoRule as reason:  # also when raised while tracing
             return reason
 
+    def _load(self, namespace):
+        """Run the source (registered, so it shows in tracebacks); set
+        ``function`` and the caches of compiled calls."""
+        filename = f"<subgraphjit {self.function_name}>"
+        linecache.cache[filename] = (len(self.source), None,
+                                     self.source.splitlines(True), filename)
+        exec(compile(self.source, filename, "exec"), namespace)
+        self.function = namespace[self.function_name]
+        self._compiled = {}      # per-instance argument specs -> concrete function
+        self._batched = {}       # stacked argument specs -> concrete function or NoRule
+
     def _counting(self, function):
         def traced(*arguments):
             context.pattern_traces += 1  # runs once per trace, not per call
@@ -131,16 +142,9 @@ class Pattern(_Compiled):
          self.captured) = _steps(signature.key, example_inputs)
         self.op_count = sum(step.row is not ACCESS for step in self.steps)
         self.source, unrenderable = _source(self)
-        filename = f"<subgraphjit {self.function_name}>"
-        linecache.cache[filename] = (len(self.source), None,
-                                     self.source.splitlines(True), filename)
-        namespace = {"tf": tf, "operator": operator, **self.captured,
-                     **{f"attr_{index}": value for index, value in
-                        enumerate(unrenderable)}}
-        exec(compile(self.source, filename, "exec"), namespace)
-        self.function = namespace[self.function_name]
-        self._compiled = {}      # per-instance argument specs -> tf.function
-        self._batched = {}       # stacked argument specs -> tf.function or error
+        self._load({"tf": tf, "operator": operator, **self.captured,
+                    **{f"attr_{index}": value for index, value in
+                       enumerate(unrenderable)}})
         last = self.steps[-1]
         self.row = OpRow(f"pattern.{self.number}", None, "pattern",
                          tensors=len(self.arguments),
@@ -183,6 +187,7 @@ class Pattern(_Compiled):
         return self.captured[value]
 
     def output_spec(self, argument_specs):
+        """The per-instance output spec for these argument specs."""
         return self._propagate_specs(argument_specs)["v"]
 
     def stacked_body(self, argument_specs):
@@ -256,15 +261,8 @@ class FusedPattern(_Compiled):
         self.arguments = [f"x_{index}" for index in
                           range(len(producer.arguments) + extra_count)]
         self.source = self._render_source()
-        filename = f"<subgraphjit {self.function_name}>"
-        linecache.cache[filename] = (len(self.source), None,
-                                     self.source.splitlines(True), filename)
-        namespace = {producer.function_name: producer.function,
-                     consumer.function_name: consumer.function}
-        exec(compile(self.source, filename, "exec"), namespace)
-        self.function = namespace[self.function_name]
-        self._compiled = {}
-        self._batched = {}
+        self._load({producer.function_name: producer.function,
+                    consumer.function_name: consumer.function})
         self.row = OpRow(f"pattern.{producer.number}+{consumer.number}", None,
                          "pattern", tensors=len(self.arguments), multi_output=True)
         self.row.call = self.call
