@@ -111,9 +111,10 @@ class _Compiled:
         except NoRule as reason:  # also when raised while tracing
             return reason
 
-    def _load(self, namespace):
+    def _load(self, namespace, row_name, multi_output):
         """Run the source (registered, so it shows in tracebacks); set
-        ``function`` and the caches of compiled calls."""
+        ``function``, the caches of compiled calls and the op-table row
+        that recorded nodes running the pattern get."""
         filename = f"<subgraphjit {self.function_name}>"
         linecache.cache[filename] = (len(self.source), None,
                                      self.source.splitlines(True), filename)
@@ -121,6 +122,13 @@ class _Compiled:
         self.function = namespace[self.function_name]
         self._compiled = {}      # per-instance argument specs -> concrete function
         self._batched = {}       # stacked argument specs -> concrete function or NoRule
+        self.row = OpRow(row_name, None, "pattern", tensors=len(self.arguments),
+                         multi_output=multi_output)
+        self.row.call = self.call
+        self.row.pattern = self
+
+    def __repr__(self):
+        return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
 
     def _counting(self, function):
         def traced(*arguments):
@@ -144,16 +152,8 @@ class Pattern(_Compiled):
         self.source, unrenderable = _source(self)
         self._load({"tf": tf, "operator": operator, **self.captured,
                     **{f"attr_{index}": value for index, value in
-                       enumerate(unrenderable)}})
-        last = self.steps[-1]
-        self.row = OpRow(f"pattern.{self.number}", None, "pattern",
-                         tensors=len(self.arguments),
-                         multi_output=last.row.multi_output)
-        self.row.call = self.call
-        self.row.pattern = self
-
-    def __repr__(self):
-        return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
+                       enumerate(unrenderable)}},
+                   f"pattern.{self.number}", self.steps[-1].row.multi_output)
 
     def _propagate_specs(self, argument_specs):
         """Each line's per-instance output spec for these argument specs, and
@@ -262,11 +262,8 @@ class FusedPattern(_Compiled):
                           range(len(producer.arguments) + extra_count)]
         self.source = self._render_source()
         self._load({producer.function_name: producer.function,
-                    consumer.function_name: consumer.function})
-        self.row = OpRow(f"pattern.{producer.number}+{consumer.number}", None,
-                         "pattern", tensors=len(self.arguments), multi_output=True)
-        self.row.call = self.call
-        self.row.pattern = self
+                    consumer.function_name: consumer.function},
+                   f"pattern.{producer.number}+{consumer.number}", True)
 
     def _render_source(self):
         producer_count = len(self.producer.arguments)
@@ -281,9 +278,6 @@ class FusedPattern(_Compiled):
             f"({', '.join(self.arguments[:producer_count])})",
             f"    w = {self.consumer.function_name}({', '.join(consumer_operands)})",
             "    return (*v, w)"]) + "\n"
-
-    def __repr__(self):
-        return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
 
     def __str__(self):
         return (f"{self.function_name}: {self.producer.function_name} and "

@@ -88,9 +88,12 @@ class PatternSearch:
 
     # -- stage 1 -----------------------------------------------------------------
     def _collect(self, roots, signer, depth):
-        for node, walk in _queue_search(roots):
+        queue = collections.deque(roots)
+        reached = {node.id: node for node in roots}
+        while queue:
+            node = queue.popleft()
             if node.row is ACCESS or has_value_operand(node):
-                walk(node.inputs)
+                _enqueue(node.inputs, reached, queue)
                 continue
             found = signer.walk(node, depth)
             signature = found.signature
@@ -98,7 +101,7 @@ class PatternSearch:
             if signature not in self.examples:
                 self.examples[signature] = found.inputs
                 self.op_counts[signature] = len(found.nodes)
-            walk(found.inputs)
+            _enqueue(found.inputs, reached, queue)
 
     def _select(self, freq):
         """Keep the signatures seen ``freq`` times per input or more."""
@@ -123,8 +126,6 @@ class PatternSearch:
 
     # -- stage 2 -----------------------------------------------------------------
     def _replace(self, roots, signer, depth):
-        # The queue search of ``_queue_search``, written out: it runs on
-        # every minibatch once patterns are known.
         swallowed = context.swallowed
         # Per root op and attributes (a leaf's 3-way split and an inner
         # node's 5-way one try different patterns): (matcher, pattern) to
@@ -157,11 +158,7 @@ class PatternSearch:
                 swallowed.update([inner.id for inner in inner_nodes])
                 pattern.matches += 1
                 replaced.append(node)
-            for operand in operands:
-                if type(operand) is VirtualNode and operand.result is None \
-                        and operand.batch is None and operand.id not in reached:
-                    reached[operand.id] = operand
-                    queue.append(operand)
+            _enqueue(operands, reached, queue)
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
             replaced.sort(key=_node_id)
@@ -259,22 +256,14 @@ def _feeds(node, producer, budget=64):
     return False
 
 
-def _queue_search(roots):
-    """Yield (node, walk) for each unevaluated node reached from the roots,
-    once; the consumer calls ``walk(operands)`` to go on from there.
-    (``_replace`` has its own copy, for speed.)"""
-    queue = collections.deque(roots)
-    seen = {node.id for node in roots}
-
-    def walk(operands):
-        for operand in operands:
-            if type(operand) is VirtualNode and operand.result is None \
-                    and operand.batch is None and operand.id not in seen:
-                seen.add(operand.id)
-                queue.append(operand)
-
-    while queue:
-        yield queue.popleft(), walk
+def _enqueue(operands, reached, queue):
+    """The queue search's step (both stages): queue the unevaluated nodes
+    among ``operands`` not reached before."""
+    for operand in operands:
+        if type(operand) is VirtualNode and operand.result is None \
+                and operand.batch is None and operand.id not in reached:
+            reached[operand.id] = operand
+            queue.append(operand)
 
 
 SEARCH = PatternSearch()

@@ -195,7 +195,10 @@ class Signer:
 
     def matcher(self, template, depth):
         """``match`` as a function of the root alone, returning the walk's
-        (inputs, nodes) or None: for a caller that matches many roots."""
+        (inputs, nodes) or None: for a caller that matches many roots.
+        Matchers stop where a pattern's walk stops (section 5.5)."""
+        if not self.for_patterns:
+            raise ValueError("matching needs a Signer made for_patterns")
         make = template.matchers.get(depth)
         if make is None:
             make = template.matchers[depth] = _compile_matcher(template, depth)
