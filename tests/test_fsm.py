@@ -10,7 +10,7 @@ import subgraphjit as tf
 from subgraphjit.batch import lower_bound
 from subgraphjit.batch.schedulers import SCHEDULERS, schedule
 from subgraphjit.batch.schedulers.fsm import (
-    ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, encode)
+    ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode)
 from subgraphjit.scheduler_comparison import count_batches, recorded_graph
 from experiments.example_models import MODELS
 
@@ -98,6 +98,33 @@ def test_fsm_on_example_models(model_name):
     assert len(batches) <= count_batches(graphs[1], SCHEDULERS["agenda"]())
     if model_name in ("tree_lstm", "tree_gru", "bilstm_tagger"):
         assert len(batches) == lower_bound(graphs[1])
+
+
+def heuristic_batches(graph, heuristic_name):
+    """Batches of one starting heuristic's greedy schedule, nothing learned."""
+    simulation = Simulation(graph)
+    simulation.heuristic_choice = getattr(simulation, heuristic_name)
+    return FsmPolicy()._greedy_episode(simulation)
+
+
+def test_training_starts_from_the_better_heuristic():
+    """On a lattice the critical-path rule needs fewer batches than Lemma
+    2.1's share rule; on trees of two internal types, more.  An untrained
+    policy's schedule is the better of the two, and valid."""
+    rng = np.random.default_rng(6)
+    for model_name, better in (("lattice_lstm", "critical_path_choice"),
+                               ("tree_lstm_2type", "share_choice")):
+        model = MODELS[model_name](rng)
+        graph = recorded_graph(lambda tf, examples=model.random_examples(rng, 16):
+                               tf.add_n([model.loss(tf, e) for e in examples]))
+        counts = {name: heuristic_batches(graph, name)
+                  for name in ("share_choice", "critical_path_choice")}
+        assert counts[better] < max(counts.values()), (model_name, counts)
+        policy = FsmPolicy(FsmConfig(max_iterations=0))
+        assert policy.train(graph, progress=False).batches == counts[better]
+        batches = schedule(graph, FsmScheduler(policy))
+        assert_valid(graph, batches)
+        assert len(batches) <= count_batches(graph, SCHEDULERS["agenda"]())
 
 
 def test_save_and_load_skip_training(tmp_path):
