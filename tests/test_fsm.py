@@ -100,30 +100,27 @@ def test_fsm_on_example_models(model_name):
         assert len(batches) == lower_bound(graphs[1])
 
 
-def heuristic_batches(graph, heuristic_name):
-    """Batches of one starting heuristic's greedy schedule, nothing learned."""
-    simulation = Simulation(graph)
-    simulation.heuristic_choice = getattr(simulation, heuristic_name)
-    return FsmPolicy()._greedy_episode(simulation)
-
-
 def test_training_starts_from_the_better_heuristic():
     """On a lattice the critical-path rule needs fewer batches than Lemma
-    2.1's share rule; on trees of two internal types, more.  An untrained
-    policy's schedule is the better of the two, and valid."""
+    2.1's share rule; on trees of two internal types, more.  Learning starts
+    from the better of the two, and the learned schedule is valid."""
     rng = np.random.default_rng(6)
-    for model_name, better in (("lattice_lstm", "critical_path_choice"),
-                               ("tree_lstm_2type", "share_choice")):
+    for model_name, better in (("lattice_lstm", "critical path"),
+                               ("tree_lstm_2type", "share")):
         model = MODELS[model_name](rng)
         graph = recorded_graph(lambda tf, examples=model.random_examples(rng, 16):
                                tf.add_n([model.loss(tf, e) for e in examples]))
-        counts = {name: heuristic_batches(graph, name)
-                  for name in ("share_choice", "critical_path_choice")}
+        simulation = Simulation(graph)
+        counts = {name: simulation.heuristic_batches(choose) for name, choose in
+                  (("share", simulation.share_choice),
+                   ("critical path", simulation.critical_path_choice))}
         assert counts[better] < max(counts.values()), (model_name, counts)
         policy = FsmPolicy(FsmConfig(max_iterations=0))
-        assert policy.train(graph, progress=False).batches == counts[better]
+        report = policy.train(graph, progress=False)
+        assert report.heuristic == better
         batches = schedule(graph, FsmScheduler(policy))
         assert_valid(graph, batches)
+        assert len(batches) == report.batches
         assert len(batches) <= count_batches(graph, SCHEDULERS["agenda"]())
 
 

@@ -102,6 +102,7 @@ class TrainingReport:
     lower_bound: int
     agenda_batches: int
     states: int
+    heuristic: str        # the one learning started from
 
 
 def ready_names(ready, names):
@@ -205,6 +206,15 @@ class Simulation:
         self.ready.setdefault(node_type, []).append(index)
         self.ready_height[node_type] += self.height[index]
 
+    def heuristic_batches(self, choose):
+        """Batches of the schedule that always takes ``choose()``."""
+        self.reset()
+        batches = 0
+        while self.ready:
+            self.step(choose(), 0.0)
+            batches += 1
+        return batches
+
     def share_choice(self):
         """Lemma 2.1's condition as a heuristic: the ready type holding the
         largest share of its own subgraph's frontier (ties: agenda's)."""
@@ -273,16 +283,14 @@ class FsmPolicy:
         bound = lower_bound(graph)
         agenda = len(schedule(graph, AgendaScheduler()))
         rng = random.Random(config.seed)
-        best = None
-        for heuristic in (simulation.share_choice, simulation.critical_path_choice):
-            simulation.heuristic_choice = heuristic
-            batches = self._greedy_episode(simulation)
-            if best is None or batches < best:
-                best, chosen = batches, heuristic
-            if best <= bound:
-                break
-        simulation.heuristic_choice = chosen
-        best_table = _copy(self.table)
+        # Judged by their own schedules: a table made from one may need fewer
+        # batches on this graph yet carry over worse to the next.
+        heuristics = {"share": simulation.share_choice,
+                      "critical path": simulation.critical_path_choice}
+        heuristic = min(heuristics, key=lambda name: simulation.heuristic_batches(
+            heuristics[name]))
+        simulation.heuristic_choice = heuristics[heuristic]
+        best, best_table = self._greedy_episode(simulation), _copy(self.table)
         iterations = 0
         with tqdm(total=config.max_iterations, desc="learning FSM schedule",
                   unit="episode", leave=False, delay=1.0,
@@ -300,31 +308,37 @@ class FsmPolicy:
         self.table = best_table
         # Every state of the final greedy schedule goes into the table, so
         # the schedule runs as learned (not through the runtime's fallback).
-        self._greedy_episode(simulation, record=True)
+        best = self._greedy_episode(simulation, record=True)
         self.graphs_trained += 1
         self.retrain = False
         return TrainingReport(iterations, time.perf_counter() - started, best,
-                              bound, agenda, len(self.table))
+                              bound, agenda, len(self.table), heuristic)
 
     def _greedy_episode(self, simulation, record=False):
-        """Batches of the greedy schedule (the heuristic where the table
-        knows no action); ``record`` puts its choices into the tables."""
+        """Batches of the schedule the table gives: its choice where it has
+        one, else the heuristic's, which a later visit to the same state
+        then repeats (as it would once recorded, so the count is what the
+        recorded table gives at run time); ``record`` puts the choices into
+        the tables."""
         simulation.reset()
+        decided = {}   # the heuristic's choice in each state the table lacks
         batches = 0
         while simulation.ready:
             names, type_of_name = ready_names(simulation.ready, simulation.names)
             state = encode(self.config.encoding, names)
             name = self.choose(state, names)
-            node_type = (type_of_name[name] if name is not None
-                         else simulation.heuristic_choice())
+            if name is None:
+                name = decided.get(state)
+            if name is None:
+                name = decided[state] = simulation.names[simulation.heuristic_choice()]
             if record:
-                chosen = simulation.names[node_type]
-                if name is None:
-                    self.table.setdefault(state, {})[chosen] = 0.0
                 votes = self.coarse.setdefault(encode("base", names), {})
-                votes[chosen] = votes.get(chosen, 0) + 1
-            simulation.step(node_type, self.config.alpha)
+                votes[name] = votes.get(name, 0) + 1
+            simulation.step(type_of_name[name], self.config.alpha)
             batches += 1
+        if record:
+            for state, name in decided.items():
+                self.table.setdefault(state, {})[name] = 0.0
         return batches
 
     def _learn_episode(self, simulation, rng):
