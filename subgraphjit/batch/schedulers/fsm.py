@@ -27,11 +27,12 @@ Tree-LSTM a node's matmul waits for its children's matmuls through a dozen
 elementwise ops; counting only direct edges would see no chain at all).
 Where the table knows no action yet, exploitation follows a heuristic, so
 learning starts from a good schedule.  Two are tried on each training graph
-and the one with fewer batches is kept: that same condition (the ready type
-with the largest share of its own frontier; on trees and chains it already
-meets the lower bound), and a critical-path rule (a type whose whole
-frontier is ready, else the type whose ready nodes have the most work after
-them; on lattices it needs about a quarter fewer batches).  Q-values are
+and the one whose own schedule needs fewer batches is kept: that same
+condition (the ready type with the largest share of its own frontier; on
+trees and chains it already meets the lower bound), and a critical-path
+rule (types whose whole frontier is ready first, then the most work after
+the ready nodes; on the lattices measured it needs about an eighth fewer
+batches).  Q-values are
 updated with N-step returns and exploration is epsilon-greedy; training
 stops once the greedy policy needs no more batches than ED-Batch's lower
 bound (appendix A.3, checked every ``check_every`` episodes), or at
@@ -223,10 +224,10 @@ class Simulation:
             -self.remaining_depth[node_type] / self.remaining[node_type]))
 
     def critical_path_choice(self):
-        """A ready type whose whole frontier is ready (Lemma 2.1), else the
-        one whose ready nodes have the most nodes after them, summed.  Where
-        work waits on one type's long chain (a lattice's character cells),
-        this runs that chain first."""
+        """Types whose whole frontier is ready first (Lemma 2.1); among
+        those, or else among all, the one whose ready nodes have the most
+        nodes after them, summed.  Where work waits on one type's long chain
+        (a lattice's character cells), this runs that chain first."""
         return max(self.ready, key=lambda node_type: (
             len(self.ready[node_type]) == self.type_frontier[node_type],
             self.ready_height[node_type]))
@@ -273,7 +274,7 @@ class FsmPolicy:
 
         Exploitation needs a choice where the table knows no action yet: the
         heuristic of the two (``Simulation.share_choice`` and
-        ``critical_path_choice``) whose greedy schedule needs fewer batches
+        ``critical_path_choice``) whose own schedule needs fewer batches
         here, which is where learning starts; Q-learning then improves on it
         where exploration finds fewer batches.  The table of the best greedy
         schedule seen is kept."""
