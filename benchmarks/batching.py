@@ -234,7 +234,7 @@ def main():
         for name, train_rate, infer_rate, front_end in rows:
             print(f"{name:<30} {train_rate:>12.1f} {train_rate / eager[0]:>8.1f} "
                   f"{infer_rate:>12.1f} {infer_rate / eager[1]:>8.1f} "
-                  + (f"{front_end:>16.1f}" if front_end else ""))
+                  + (f"{front_end:>16.1f}" if front_end is not None else ""))
         print(f"{'compute floor':<30} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
               f"{floor_infer:>12.0f} {floor_infer / eager[1]:>8.1f}")
     print("\nfront end: training sentences/s if only subgraphjit's recording, "

@@ -198,6 +198,7 @@ class Context:
         if not self.scopes and self.collector_was_on:
             gc.enable()
         # Usually a build in the scope has evaluated nearly everything.
+        # (``VirtualNode.evaluated`` inlined: every recorded node passes here.)
         recorded = [node for node in recorded
                     if node.result is None and node.batch is None]
         swallowed = self.swallowed

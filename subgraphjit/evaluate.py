@@ -25,8 +25,9 @@ from .patch.record import annotate
 def unevaluated_ancestors(targets):
     """Every unevaluated node the targets depend on, in recording order."""
     found = {}
-    stack = [node for node in targets if type(node) is VirtualNode
-             and node.result is None and node.batch is None]
+    stack = [node for node in targets
+             if type(node) is VirtualNode and not node.evaluated]
+    # ``evaluated`` is inlined below: this loop visits every recorded node.
     while stack:
         node = stack.pop()
         if node.id in found:

@@ -73,7 +73,7 @@ class PatternSearch:
         # Roots: what nothing else consumes, and what the caller asked for.
         # Only targets can be roots: every other node feeds one.
         roots = sorted({node.id: node for node in targets if type(node) is VirtualNode
-                        and node.result is None and node.batch is None
+                        and not node.evaluated
                         and (not node.consumers or node.id in required)}.values(),
                        key=_node_id)
         signer = Signer(level, for_patterns=True, required=required)
@@ -258,7 +258,8 @@ def _feeds(node, producer, budget=64):
 
 def _enqueue(operands, reached, queue):
     """The queue search's step (both stages): queue the unevaluated nodes
-    among ``operands`` not reached before."""
+    among ``operands`` not reached before.  (``evaluated`` is inlined: this
+    runs for every operand of every node.)"""
     for operand in operands:
         if type(operand) is VirtualNode and operand.result is None \
                 and operand.batch is None and operand.id not in reached:

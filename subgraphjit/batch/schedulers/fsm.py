@@ -285,12 +285,15 @@ class FsmPolicy:
         agenda = len(schedule(graph, AgendaScheduler()))
         rng = random.Random(config.seed)
         # Judged by their own schedules: a table made from one may need fewer
-        # batches on this graph yet carry over worse to the next.
-        heuristics = {"share": simulation.share_choice,
-                      "critical path": simulation.critical_path_choice}
-        heuristic = min(heuristics, key=lambda name: simulation.heuristic_batches(
-            heuristics[name]))
-        simulation.heuristic_choice = heuristics[heuristic]
+        # batches on this graph yet carry over worse to the next.  The share
+        # rule first: where it meets the lower bound (trees, chains) the
+        # other is not tried.
+        heuristic, choose = "share", simulation.share_choice
+        share_batches = simulation.heuristic_batches(choose)
+        if share_batches > bound and simulation.heuristic_batches(
+                simulation.critical_path_choice) < share_batches:
+            heuristic, choose = "critical path", simulation.critical_path_choice
+        simulation.heuristic_choice = choose
         best, best_table = self._greedy_episode(simulation), _copy(self.table)
         iterations = 0
         with tqdm(total=config.max_iterations, desc="learning FSM schedule",
