@@ -117,22 +117,22 @@ def _broadcast(tree, pairs, batch_of):
         if number in dropped:
             continue
         _, consumer, sources = pairs[number]
-        sets = (_row_sets(tree, consumer, _rows(consumer))
-                + _row_sets(tree, sources, _rows(sources)))
-        for rows in sets:
-            for items in (consumer, sources):
-                subset = [items[row] for row in rows]
-                if tree.block(subset) is not None:
-                    continue
-                if not tree.reduce(subset):
-                    dropped.add(number)
-                    break
-                for other in pairs_of_batch[batch_of[items[0]]]:
-                    if not queued[other]:
-                        queued[other] = True
-                        queue.append(other)
-            if number in dropped:
+        # A set read off one side's subtree is consecutive on that side
+        # already: it only needs applying to the other.  (The two sides are
+        # different batches, whose subtrees a reduction never merges.)
+        sets = ([(rows, sources) for rows in _row_sets(tree, consumer, _rows(consumer))]
+                + [(rows, consumer) for rows in _row_sets(tree, sources, _rows(sources))])
+        for rows, items in sets:
+            subset = [items[row] for row in rows]
+            if tree.block(subset) is not None:
+                continue
+            if not tree.reduce(subset):
+                dropped.add(number)
                 break
+            for other in pairs_of_batch[batch_of[items[0]]]:
+                if not queued[other]:
+                    queued[other] = True
+                    queue.append(other)
     return [pair for number, pair in enumerate(pairs) if number not in dropped]
 
 
