@@ -86,6 +86,7 @@ def step(model, examples):
 def measure(make_model, arguments):
     rng = np.random.default_rng(arguments.seed)
     model = make_model(rng)
+    subgraphjit.reset_patterns()   # a new model: collect its own patterns
     # Warm-up: with patterns, the collection minibatches and one more.
     warm_up = (subgraphjit.get_parameter("collect") + 1
                if arguments.granularity == "subgraph" else 1)
