@@ -32,12 +32,11 @@ condition (the ready type with the largest share of its own frontier; on
 trees and chains it already meets the lower bound), and a critical-path
 rule (types whose whole frontier is ready first, then the most work after
 the ready nodes; on the lattices measured it needs about an eighth fewer
-batches).  Q-values are
-updated with N-step returns and exploration is epsilon-greedy; training
-stops once the greedy policy needs no more batches than ED-Batch's lower
-bound (appendix A.3, checked every ``check_every`` episodes), or at
-``max_iterations`` or the time limit, and keeps the table of the best greedy
-schedule it saw.
+batches).  Q-values are updated with N-step returns and exploration is
+epsilon-greedy; training stops once the greedy policy needs no more batches
+than ED-Batch's lower bound (appendix A.3, checked every ``check_every``
+episodes), or at ``max_iterations`` or the time limit, and keeps the table
+of the best greedy schedule it saw.
 
 At run time a state the table has never seen is looked up by its set of
 ready types, else decided by the agenda heuristic (counted as a fallback);
