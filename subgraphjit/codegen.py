@@ -41,6 +41,7 @@ from .batch.rules import NoRule, gather_rows, rule_for
 from .context import context
 from .patch import spec as specs
 from .patch.record import ACCESS, OpRow, infer_spec
+from .patch.spec import is_variable
 from .patch.table import ALL_ROWS, GETITEM
 
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
@@ -149,6 +150,14 @@ class Pattern(_Compiled):
         (self.steps, self.arguments, self.argument_positions,
          self.captured) = _steps(signature.key, example_inputs)
         self.op_count = sum(step.row is not ACCESS for step in self.steps)
+        # Lines looking up rows of a captured variable.  Run batched, each
+        # instance looks up its own rows even where the index is a constant,
+        # so that the gradient has an entry per instance, as eager's has.
+        self.variable_lookups = {
+            step.name for step in self.steps
+            if step.row.gathers_from is not None and is_variable(
+                self.captured.get(step.operands[step.row.gathers_from][1]))}
+        self.gathers_variable_rows = bool(self.variable_lookups)
         self.source, unrenderable = _source(self)
         self._load({"tf": tf, "operator": operator, **self.captured,
                     **{f"attr_{index}": value for index, value in
@@ -163,8 +172,9 @@ class Pattern(_Compiled):
         for step in self.steps:
             operands = [self._operand_spec(operand, per_instance, shared)
                         for operand in step.operands]
-            instance = any(kind == "name" and name in per_instance
-                           for kind, name in step.operands)
+            instance = step.name in self.variable_lookups or any(
+                kind == "name" and name in per_instance
+                for kind, name in step.operands)
             if step.row is ACCESS:
                 target = per_instance if instance else shared
                 target[step.name] = operands[0][step.attrs[0]]
@@ -195,6 +205,7 @@ class Pattern(_Compiled):
         line through its op's batch rule."""
         steps, arguments, captured = self.steps, self.arguments, self.captured
         instance_specs = self._propagate_specs(argument_specs)
+        variable_lookups = self.variable_lookups
 
         def run_stacked(stacked):
             count = tf.shape(stacked[0])[0]
@@ -214,6 +225,12 @@ class Pattern(_Compiled):
                         operands.append(value)
                         shared.append(True)
                         ranks.append(len(getattr(value, "shape", ())))
+                if step.name in variable_lookups:
+                    for position in step.row.index_positions:
+                        if shared[position]:   # the same rows for every instance
+                            operands[position] = tf.repeat(
+                                tf.expand_dims(operands[position], 0), count, 0)
+                            shared[position] = False
                 if all(shared):
                     shared_values[step.name] = (
                         operands[0][step.attrs[0]] if step.row is ACCESS
@@ -256,6 +273,8 @@ class FusedPattern(_Compiled):
         self.producer, self.consumer, self.wiring = producer, consumer, wiring
         self.matches = 0
         self.op_count = producer.op_count + consumer.op_count
+        self.gathers_variable_rows = (producer.gathers_variable_rows
+                                      or consumer.gathers_variable_rows)
         self.function_name = (f"{producer.function_name}_then_"
                               f"{consumer.function_name.removeprefix('pattern_')}")
         self.arguments = [f"x_{index}" for index in

@@ -13,7 +13,8 @@ from subgraphjit import signature as signatures
 from subgraphjit.codegen import ROWS_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
-from test_batching import dense, minibatch_loss_and_gradients
+from gradients import assert_gradient_equal
+from test_batching import minibatch_loss_and_gradients
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def assert_matches_eager(model, examples):
     loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
     np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
     for got, expected in zip(gradients, expected_gradients):
-        np.testing.assert_allclose(dense(got), dense(expected), rtol=1e-4, atol=1e-6)
+        assert_gradient_equal(got, expected)
 
 
 @pytest.mark.parametrize("level", signatures.LEVELS)

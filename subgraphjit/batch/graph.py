@@ -8,8 +8,12 @@ the same Python number, given to every instance once).  Signatures are
 interned to small integers, the node *types* the schedulers work with.
 
 Identical work is done once: a node with the same signature as an earlier
-node and the very same operands (the same word's embedding lookup in twenty
-sentences, the same constant) becomes a *duplicate* and reuses its value.
+node and the very same operands (the same constant, the same function of
+the same nodes) becomes a *duplicate* and reuses its value.  Lookups of
+rows of a variable are the exception: eager TensorFlow gives the variable's
+gradient as an IndexedSlices with an entry per lookup, and optimizers such
+as Adam apply those entries one by one (the square of a sum is not the sum
+of squares), so each lookup keeps its own row.
 
 Multi-output ops (``tf.split``) are one node; the ``access`` nodes that pick
 their outputs are not scheduled, their consumers read the picked output.
@@ -69,6 +73,8 @@ class BatchGraph:
             self.operands.append(operands)
             self.sources.append(sources)
             identity_key = (signature, identity)
+            if _gathers_variable_rows(node):
+                identity_key = index   # never a duplicate (module docstring)
             earlier = work_seen.get(identity_key)
             if earlier is not None:
                 self.type_of.append(-1)
@@ -176,6 +182,13 @@ def _stable_name(node, operands):
         else:
             parts.append(type(operand).__name__)
     return " ".join(parts)
+
+
+def _gathers_variable_rows(node):
+    row = node.row
+    if row.family == "pattern":
+        return row.pattern.gathers_variable_rows
+    return row.gathers_from is not None and is_variable(node.inputs[row.gathers_from])
 
 
 def _value_key(value):

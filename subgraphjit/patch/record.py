@@ -35,10 +35,14 @@ class OpRow:
     parameter except ``name`` is an attribute.  ``index_positions`` are tensor
     operands holding indices (stand-ins there are zeros).  ``family`` says how
     the op batches; ``multi_output`` ops return a list of nodes.
+    ``gathers_from`` is the operand whose rows the op gathers (None for
+    other ops): a variable there gets its gradient from eager TensorFlow as
+    an IndexedSlices with one entry per gathered row.
     """
 
     def __init__(self, name, fn, family, tensors=1, list_input=False,
-                 index_positions=(), multi_output=False, thaw=None):
+                 index_positions=(), multi_output=False, thaw=None,
+                 gathers_from=None):
         self.name = name
         self.fn = fn
         self.family = family
@@ -47,6 +51,7 @@ class OpRow:
         self.index_positions = frozenset(index_positions)
         self.multi_output = multi_output
         self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
+        self.gathers_from = gathers_from
         self.cache = {}             # (attrs, *operand specs) -> output spec
         self.call = None            # (operand values, attrs) -> result
         self.tensor_params = ()

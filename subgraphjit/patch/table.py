@@ -71,7 +71,7 @@ TF_ROWS = [
     *_rows("concat", ["concat", "stack", "math.add_n"], list_input=True),
     *_rows("split", ["split", "unstack"], multi_output=True),
     *_rows("gather", ["gather", "nn.embedding_lookup"], tensors=2,
-           index_positions=(1,)),
+           index_positions=(1,), gathers_from=0),
     *_rows("gather", ["one_hot"], index_positions=(0,)),
     *_rows("loss", ["nn.sparse_softmax_cross_entropy_with_logits"],
            tensors=2, index_positions=(0,)),
