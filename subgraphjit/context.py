@@ -2,8 +2,8 @@
 
 Thesis section 5.1 names four duties; here is where each one lives:
 
-* object tracking -- every VirtualNode gets a global id from ``node_ids`` (an
-  increasing counter, so ids are also a topological order).  The context keeps
+* object tracking -- every VirtualNode gets a global id from a counter in
+  ``_native`` (increasing, so ids are also a topological order).  The context keeps
   no table from ids to objects: a recorded node is referenced only by the
   user's own variables, by the nodes that consume it, and by the open
   evaluation scopes (``tf.batching()``, ``tf.GradientTape()``) until they close.
@@ -20,10 +20,11 @@ import collections
 import dataclasses
 import difflib
 import gc
-import itertools
 import os
 import time
 from typing import Any, Callable
+
+from ._native import next_node_id  # the id the next node gets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,11 @@ PARAMETERS = {
         "row order of batched results: as scheduled ('none'), or planned "
         "with ED-Batch's PQ tree ('pq') so that operands are slices of "
         "earlier results instead of gathers"),
+    "compile": Parameter(
+        2, int, lambda value: _positive_int(value) or value == 0,
+        "run an evaluation's whole schedule as one compiled TensorFlow call "
+        "once a schedule of its shape has been seen this many times (0: "
+        "never; every batch then runs as its own op)"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
@@ -224,7 +230,10 @@ class Context:
             "scheduler_fallbacks": 0, "fsm_training_seconds": 0.0,
             "fsm_training_iterations": 0,
             "layout_seconds": 0.0, "analysis_seconds": 0.0,
-            "execute_seconds": 0.0}
+            "execute_seconds": 0.0, "programs_compiled": 0,
+            "programs_not_compiled": collections.Counter(),
+            "compile_seconds": 0.0, "program_cache_hits": 0,
+            "program_runs": 0, "program_steps": 0}
         self.inference_seconds = 0.0
         self.search_seconds = 0.0
         self.pattern_matches = 0
@@ -260,15 +269,6 @@ class Context:
             "construct_seconds": (time.perf_counter() - self.started
                                   - self.evaluate_seconds),
         }
-
-
-# Global node ids, increasing: ``next(node_ids)`` numbers a new node.
-node_ids = itertools.count()
-
-
-def next_node_id():
-    """The id the next recorded node will get (consumes none)."""
-    return node_ids.__reduce__()[1][0]
 
 
 context = Context()

@@ -142,7 +142,8 @@ def _run(nodes):
     statistics = context.batching
     before = statistics["batches"]
     graph = batch.execute(nodes, statistics, _scheduler(scheduler),
-                          context.parameters["layout"])
+                          context.parameters["layout"],
+                          context.parameters["compile"])
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

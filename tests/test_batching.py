@@ -14,18 +14,31 @@ from gradients import assert_gradient_equal
 SCHEDULER_NAMES = ["none", *SCHEDULERS, "fsm"]
 
 
-@pytest.fixture(params=[(name, "none") for name in SCHEDULER_NAMES]
-                + [(name, "pq") for name in SCHEDULER_NAMES if name != "none"],
-                ids=lambda pair: "-".join(pair))
+@pytest.fixture(params=[(name, "none", 0) for name in SCHEDULER_NAMES]
+                + [(name, "pq", 0) for name in SCHEDULER_NAMES if name != "none"]
+                + [(name, "none", 1) for name in SCHEDULER_NAMES if name != "none"],
+                ids=lambda setting: "-".join(map(str, setting[:2])) + (
+                    "-compiled" if setting[2] else ""))
 def scheduler(request):
-    """The scheduler's name, with a row layout set too."""
-    previous = tf.get_parameter("scheduler"), tf.get_parameter("layout")
-    name, layout = request.param
-    tf.set_parameter("scheduler", name)
-    tf.set_parameter("layout", layout)
-    yield name
-    tf.set_parameter("scheduler", previous[0])
-    tf.set_parameter("layout", previous[1])
+    """The scheduler's name, with a row layout set too, and the schedule run
+    step by step (compile 0) or compiled at once (compile 1)."""
+    keys = ("scheduler", "layout", "compile")
+    previous = [tf.get_parameter(key) for key in keys]
+    for key, value in zip(keys, request.param):
+        tf.set_parameter(key, value)
+    yield request.param[0]
+    for key, value in zip(keys, previous):
+        tf.set_parameter(key, value)
+
+
+@pytest.fixture
+def step_by_step():
+    """The step-by-step executor, whose operand statistics (slices, gathers)
+    a test checks: a compiled program gathers every operand inside."""
+    previous = tf.get_parameter("compile")
+    tf.set_parameter("compile", 0)
+    yield
+    tf.set_parameter("compile", previous)
 
 
 def minibatch_loss_and_gradients(module, model, examples):
@@ -107,7 +120,7 @@ def test_lookups_of_a_variable_keep_one_gradient_entry_each(lookup):
     assert_gradient_equal(gradients[1], gradients[0])
 
 
-def test_in_order_rows_are_sliced_and_others_gathered():
+def test_in_order_rows_are_sliced_and_others_gathered(step_by_step):
     x = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
     tf.reset_stats()
     rows = [tf.gather(x, [i]) * 2.0 for i in range(6)]
@@ -126,7 +139,7 @@ def test_in_order_rows_are_sliced_and_others_gathered():
             value.numpy(), 1 / (1 + np.exp(-2 * x.numpy()[[i]])), rtol=1e-6)
 
 
-def test_the_row_layout_turns_gathers_into_slices():
+def test_the_row_layout_turns_gathers_into_slices(step_by_step):
     """z_i = a_i + b_(5-i), with a and b computed from different variables:
     as scheduled, b (or a) is ordered like its own source and one of z's
     operands is gathered; the planner orders b's chain backwards instead."""

@@ -11,16 +11,22 @@ that operands are slices of earlier results rather than gathers.
 
 import time
 
-from . import layout
+import tensorflow as tf
+
+from . import layout, program
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
+from .plan import plan
+from .program import PROGRAMS
 from .schedulers import schedule
 
 
-def execute(nodes, statistics, scheduler, row_layout="none"):
+def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
     The whole schedule is decided first: it depends only on the graph's
-    structure."""
+    structure.  With ``compile_after`` > 0 the schedule is planned as a
+    program, run as one compiled call once its key has been seen that many
+    times (program.py)."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     batches = schedule(graph, scheduler)
@@ -28,11 +34,23 @@ def execute(nodes, statistics, scheduler, row_layout="none"):
         planning = time.perf_counter()
         batches = order_rows(graph, batches)
         statistics["layout_seconds"] += time.perf_counter() - planning
-    executor = Executor(graph, statistics)
+    function = None
+    if compile_after:
+        the_program = plan(graph, batches)
+        function = PROGRAMS.function_for(the_program, compile_after, statistics)
     analysed = time.perf_counter()
-    for batch in batches:
-        executor.run(batch)
-    executor.write_back()
+    if function is not None:
+        try:
+            program.run(the_program, function, graph, statistics)
+        except tf.errors.OpError:
+            # A bad value in some instance: run step by step, whose error
+            # names the instance's own line.
+            function = None
+    if function is None:
+        executor = Executor(graph, statistics)
+        for batch in batches:
+            executor.run(batch)
+        executor.write_back()
     finished = time.perf_counter()
     statistics["analysis_seconds"] += analysed - started
     statistics["execute_seconds"] += finished - analysed

@@ -161,6 +161,8 @@ def _take_output(access_node, source):
     if source.result is None and source.batch is not None:
         access_node.batch = source.batch[index]
         access_node.batch_row = source.batch_row
+        if isinstance(access_node.batch_row, tuple):   # a row per output
+            access_node.batch_row = access_node.batch_row[index]
     else:
         access_node.result = source.value()[index]
 
