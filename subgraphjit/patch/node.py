@@ -12,41 +12,46 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from .. import _native
 from ..context import context
 
 
+def _methods_for(native_type):
+    """Attach a class body's methods and attributes to ``native_type`` and
+    return that type.  VirtualNode's storage is a C type (``_native.c``):
+    its instances are not tracked by the cyclic garbage collector, which
+    the instances of any class statement would be, even a slotted subclass
+    (so the type is completed here rather than subclassed)."""
+    def attach(body):
+        for name, value in vars(body).items():
+            if name not in ("__module__", "__qualname__", "__dict__",
+                            "__weakref__"):
+                setattr(native_type, name, value)
+        return native_type
+    return attach
+
+
+@_methods_for(_native.VirtualNode)
 class VirtualNode:
     """One recorded op (or one output of a multi-output op).
 
-    Fields: ``id`` (global, increasing, so a topological order), ``row`` (the
-    op-table row), ``inputs`` (VirtualNodes, tensors, variables or Python
-    values), ``attrs`` (the op's other arguments, hashable), ``spec`` (dtype
-    and shape), ``result`` (the tf.Tensor once evaluated, else None), ``site``
-    (code object and line of the user's call, for error messages) and ``meta``
-    (an open dict for passes, None until one needs it).  The batching layer
-    leaves a node's value as row ``batch_row`` of a batched tensor ``batch``
-    and takes the row out (``result``) only when someone asks for it.
+    Fields (C members, see ``_native.c``): ``id`` (global, increasing, so a
+    topological order), ``row`` (the op-table row), ``inputs``
+    (VirtualNodes, tensors, variables or Python values), ``attrs`` (the op's
+    other arguments, hashable), ``spec`` (dtype and shape), ``result`` (the
+    tf.Tensor once evaluated, else None), ``site`` (code object and line of
+    the user's call, for error messages) and ``consumers`` (nodes recorded
+    with this one as an operand).  The batching layer leaves a node's value
+    as row ``batch_row`` of a batched tensor ``batch`` and takes the row out
+    (``result``) only when someone asks for it.  Nodes are made by
+    ``record`` (``_native.record``), or as ``VirtualNode(id, row, inputs,
+    attrs, spec, site)``.
     """
-
-    __slots__ = ("id", "row", "inputs", "attrs", "spec", "result", "site",
-                 "consumers", "batch", "batch_row", "__weakref__")
 
     # tf.is_tensor() and Keras treat tensor-like objects as tensors.
     is_tensor_like = True
     # NumPy defers binary operators to us (np.float32(2) * node records).
     __array_priority__ = 100
-
-    def __init__(self, node_id, row, inputs, attrs, spec, site):
-        self.id = node_id
-        self.row = row
-        self.inputs = inputs
-        self.attrs = attrs
-        self.spec = spec
-        self.result = None
-        self.site = site
-        self.consumers = 0      # nodes recorded with this one as an operand
-        self.batch = None       # a batched result holding this node's value
-        self.batch_row = None   # ... as this row of ``batch``
 
     # -- static facts, no evaluation --------------------------------------
     @property
@@ -135,6 +140,8 @@ class VirtualNode:
 
 def _row_of(batch, row):
     if isinstance(batch, list):  # a multi-output op's batched outputs
+        if isinstance(row, tuple):   # ... each at its own row (batch/program.py)
+            return [output[r] for output, r in zip(batch, row)]
         return [output[row] for output in batch]
     return batch[row]
 

@@ -14,17 +14,15 @@ TensorFlow.  A wrapper does one of three things:
 
 import inspect
 import linecache
-import sys
 import time
 
 import tensorflow as tf
 
-from ..context import context, node_ids
+from .. import _native
+from ..context import context
 from . import spec as specs
 from .node import VirtualNode
 from .spec import NotLazy, is_variable, spec_of_foreign
-
-_getframe = sys._getframe
 
 
 class OpRow:
@@ -61,45 +59,12 @@ class OpRow:
         return f"OpRow({self.name})"
 
 
-def record(row, inputs, attrs):
-    """Record ``row`` applied to ``inputs``; returns a VirtualNode (or list)."""
-    # Attribute types are part of the key because equal values of different
-    # types (1, 1.0, True) can make different dtypes (tf.one_hot on_value).
-    key = [attrs, tuple(map(type, attrs))] if attrs else [attrs, ()]
-    for operand in inputs:
-        if type(operand) is VirtualNode:
-            key.append(operand.spec)
-            operand.consumers += 1
-        else:
-            key.append(spec_of_foreign(operand))
-    key = tuple(key)
-    try:
-        output_spec = row.cache.get(key)
-    except TypeError:  # an unhashable attribute, such as a list
-        attrs = freeze(attrs)
-        key = (attrs,) + key[1:]
-        output_spec = row.cache.get(key)
-    frame = _getframe(2)
-    site = (frame.f_code, frame.f_lineno)
-    if output_spec is None:
-        output_spec = _infer(row, inputs, attrs, key, site)
-    node = VirtualNode(next(node_ids), row, inputs, attrs, output_spec, site)
-    pending = context.pending
-    if pending is not None:
-        pending.append(node)
-    if row.multi_output:
-        return [_access(node, index, site) for index in range(len(output_spec))]
-    return node
-
-
-def _access(node, index, site):
-    """Output ``index`` of a multi-output node (the thesis's ``access``)."""
-    output = VirtualNode(next(node_ids), ACCESS, (node,), (index,),
-                         node.spec[index], site)
-    node.consumers += 1
-    if context.pending is not None:
-        context.pending.append(output)
-    return output
+# The hot path, in C (``native/_native.c``): ``record(row, inputs, attrs)``
+# builds the cache key (attrs, their types, one spec per operand), counts
+# consumers, looks the output spec up in ``row.cache`` (``_infer`` on a miss),
+# takes the user's call site, and returns a VirtualNode (a list of accesses
+# for a multi-output row), appended to ``context.pending`` in a scope.
+record = _native.record
 
 
 def _infer(row, inputs, attrs, key, site):
@@ -241,3 +206,6 @@ def _access_call(values, attrs):
 
 ACCESS = OpRow("access", None, "access")
 ACCESS.call = _access_call
+
+_native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,
+              freeze=freeze, access_row=ACCESS)

@@ -1,0 +1,533 @@
+/* subgraphjit._native: the recording hot path in C.
+ *
+ * Two things live here:
+ *
+ * - VirtualNode's storage.  The type is made here and completed in Python
+ *   (subgraphjit/patch/node.py attaches the tensor protocol and the operators
+ *   to it).  It is VirtualNode itself rather than a base class because
+ *   CPython makes every class statement's instances tracked by the cyclic
+ *   garbage collector (a heap class could hold its own instance), even with
+ *   __slots__ = (); a type made here with PyType_FromSpec is not.
+ *
+ * - record(row, inputs, attrs): one op recorded, the body of every generated
+ *   wrapper (subgraphjit/patch/record.py holds the op-table rows and the
+ *   Python callbacks used on rare paths: shape inference on a cache miss,
+ *   specs of foreign operands, freezing unhashable attributes).
+ *
+ * Node ids come from a counter kept here: ``next_node_id()`` peeks at it.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* -- VirtualNode ---------------------------------------------------------- */
+
+/* Not tracked by the cyclic collector (no Py_TPFLAGS_HAVE_GC, so no
+ * tp_traverse): a recording scope holds hundreds of thousands of nodes, and
+ * scanning them was a large part of recording's cost.  That is sound only
+ * because nodes cannot form reference cycles through their fields:
+ * - inputs and attrs hold values that existed when the node was recorded
+ *   (earlier nodes, tensors, variables, Python values); the passes that
+ *   rewrite inputs (pattern matching and fusion in search.py) replace them
+ *   with earlier nodes only, so a node never reaches itself;
+ * - row, spec and site are shared, long-lived values (an op-table row, an
+ *   interned Spec, a code object and line) that do not refer to nodes;
+ * - result and batch hold tensors (or lists of them), batch_row an int.
+ * tests/test_native.py checks that freed graphs leave nothing behind. */
+typedef struct Node {
+    PyObject_HEAD
+    union {
+        long long id;               /* global, increasing: a topological order */
+        struct Node *next_release;  /* while queued in node_dealloc */
+    };
+    Py_ssize_t consumers;   /* nodes recorded with this one as an operand */
+    PyObject *row;          /* the op-table row (OpRow) */
+    PyObject *inputs;       /* operands: nodes, tensors, variables, values */
+    PyObject *attrs;        /* the op's other arguments, hashable */
+    PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
+    PyObject *result;       /* the tf.Tensor once evaluated, else None */
+    PyObject *site;         /* (code, line) of the user's call, or None */
+    PyObject *batch;        /* a batched result holding this node's value */
+    PyObject *batch_row;    /* ... as this row of it */
+    PyObject *weakrefs;
+} Node;
+
+static PyTypeObject *node_type;   /* VirtualNode */
+static long long next_id;          /* the id the next node gets */
+
+static Node *
+new_node(PyObject *row, PyObject *inputs, PyObject *attrs, PyObject *spec,
+         PyObject *site)
+{
+    Node *node = PyObject_New(Node, node_type);
+    if (node == NULL)
+        return NULL;
+    node->id = next_id++;
+    node->consumers = 0;
+    node->row = Py_NewRef(row);
+    node->inputs = Py_NewRef(inputs);
+    node->attrs = Py_NewRef(attrs);
+    node->spec = Py_NewRef(spec);
+    node->result = Py_NewRef(Py_None);
+    node->site = Py_NewRef(site);
+    node->batch = Py_NewRef(Py_None);
+    node->batch_row = Py_NewRef(Py_None);
+    node->weakrefs = NULL;
+    return node;
+}
+
+static PyObject *
+node_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"id", "row", "inputs", "attrs", "spec", "site",
+                               NULL};
+    long long id;
+    PyObject *row, *inputs, *attrs, *spec, *site;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOO:VirtualNode",
+                                     keywords, &id, &row, &inputs, &attrs,
+                                     &spec, &site))
+        return NULL;
+    Node *node = new_node(row, inputs, attrs, spec, site);
+    if (node != NULL) {
+        next_id--;          /* the caller numbers this one */
+        node->id = id;
+    }
+    return (PyObject *)node;
+}
+
+/* Freeing a node drops its inputs, which may free theirs: a chain of 100,000
+ * recorded ops would free itself 100,000 C calls deep and overflow the C
+ * stack.  (CPython's trashcan, which bounds this for containers, works only
+ * on objects the collector tracks.)  So below a small depth nodes are queued
+ * -- linked through their id, which nobody reads any more -- and the
+ * outermost call frees the queue in a loop. */
+#define RELEASE_DEPTH 64
+static int release_depth;
+static Node *release_queue;
+
+static void
+node_release(Node *node)
+{
+    PyTypeObject *type = Py_TYPE(node);
+    Py_XDECREF(node->row);
+    Py_XDECREF(node->inputs);
+    Py_XDECREF(node->attrs);
+    Py_XDECREF(node->spec);
+    Py_XDECREF(node->result);
+    Py_XDECREF(node->site);
+    Py_XDECREF(node->batch);
+    Py_XDECREF(node->batch_row);
+    type->tp_free(node);
+    Py_DECREF(type);        /* instances of a heap type own a reference */
+}
+
+static void
+node_dealloc(PyObject *self)
+{
+    Node *node = (Node *)self;
+    if (node->weakrefs != NULL)
+        PyObject_ClearWeakRefs(self);
+    if (release_depth >= RELEASE_DEPTH) {
+        node->next_release = release_queue;
+        release_queue = node;
+        return;
+    }
+    release_depth++;
+    node_release(node);
+    if (release_depth == 1) {
+        while (release_queue != NULL) {
+            Node *next = release_queue;
+            release_queue = next->next_release;
+            node_release(next);
+        }
+    }
+    release_depth--;
+}
+
+static PyMemberDef node_members[] = {
+    {"id", T_LONGLONG, offsetof(Node, id), 0,
+     "global id, increasing: ids are a topological order"},
+    {"consumers", T_PYSSIZET, offsetof(Node, consumers), 0,
+     "nodes recorded with this one as an operand"},
+    {"row", T_OBJECT_EX, offsetof(Node, row), 0, "the op-table row"},
+    {"inputs", T_OBJECT_EX, offsetof(Node, inputs), 0,
+     "operands: VirtualNodes, tensors, variables or Python values"},
+    {"attrs", T_OBJECT_EX, offsetof(Node, attrs), 0,
+     "the op's other arguments, hashable"},
+    {"spec", T_OBJECT_EX, offsetof(Node, spec), 0, "output dtype and shape"},
+    {"result", T_OBJECT_EX, offsetof(Node, result), 0,
+     "the tf.Tensor once evaluated, else None"},
+    {"site", T_OBJECT_EX, offsetof(Node, site), 0,
+     "(code object, line) of the user's call, for error messages"},
+    {"batch", T_OBJECT_EX, offsetof(Node, batch), 0,
+     "a batched result holding this node's value, else None"},
+    {"batch_row", T_OBJECT_EX, offsetof(Node, batch_row), 0,
+     "the row of ``batch`` holding this node's value"},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(Node, weakrefs), READONLY},
+    {NULL},
+};
+
+static PyType_Slot node_slots[] = {
+    {Py_tp_new, node_new},
+    {Py_tp_dealloc, node_dealloc},
+    {Py_tp_members, node_members},
+    {0, NULL},
+};
+
+/* No Py_TPFLAGS_BASETYPE: a subclass would be tracked by the collector. */
+static PyType_Spec node_spec = {
+    .name = "subgraphjit.patch.node.VirtualNode",
+    .basicsize = sizeof(Node),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = node_slots,
+};
+
+/* -- the call site ---------------------------------------------------------- */
+
+/* A recorded op's site is the (code, line) of the user's call: the frame
+ * above the wrapper that called record.  sys._getframe(1) gives it without
+ * making a frame object for the wrapper (PyEval_GetFrame would).  Lines are
+ * found by scanning the code's line table, so sites are cached per
+ * (code, instruction offset): one tuple per call site in the user's code,
+ * shared by every node recorded there.  The cache holds references to the
+ * code objects, so a slot's key cannot be reused by another code object. */
+#define SITE_SLOTS 1024
+static struct {
+    PyObject *code;
+    int offset;
+    PyObject *site;         /* (code, line) */
+} site_cache[SITE_SLOTS];
+
+static PyObject *getframe;  /* sys._getframe */
+static PyObject *one;
+
+static PyObject *
+current_site(void)
+{
+    PyObject *frame = PyObject_Vectorcall(getframe, &one, 1, NULL);
+    if (frame == NULL) {
+        /* Called with no Python caller above: no site to name. */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!PyFrame_Check(frame)) {
+        Py_DECREF(frame);
+        PyErr_SetString(PyExc_TypeError, "sys._getframe returned no frame");
+        return NULL;
+    }
+    PyFrameObject *f = (PyFrameObject *)frame;
+    PyObject *code = (PyObject *)PyFrame_GetCode(f);
+    int offset = PyFrame_GetLasti(f);
+    size_t slot = (((size_t)code >> 4) ^ ((size_t)offset * 2654435761u))
+                  % SITE_SLOTS;
+    PyObject *site;
+    if (site_cache[slot].code == code && site_cache[slot].offset == offset) {
+        site = Py_NewRef(site_cache[slot].site);
+    }
+    else {
+        site = Py_BuildValue("(Oi)", code, PyFrame_GetLineNumber(f));
+        if (site != NULL) {
+            Py_XSETREF(site_cache[slot].site, Py_NewRef(site));
+            site_cache[slot].code = code;   /* kept alive by the site */
+            site_cache[slot].offset = offset;
+        }
+    }
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    return site;
+}
+
+/* -- record ----------------------------------------------------------------- */
+
+/* Python callbacks and values, given once by setup(). */
+static PyObject *context;          /* subgraphjit.context.context */
+static PyObject *spec_of_foreign;  /* spec of an operand that is no node */
+static PyObject *infer;            /* _infer(row, inputs, attrs, key, site) */
+static PyObject *freeze;           /* hashable form of attributes */
+static PyObject *access_row;       /* ACCESS: output i of a multi-output op */
+
+static PyObject *str_cache, *str_multi_output, *str_pending, *str_append;
+
+static int
+append_pending(PyObject *node)
+{
+    PyObject *pending = PyObject_GetAttr(context, str_pending);
+    if (pending == NULL)
+        return -1;
+    int status = 0;
+    if (PyList_CheckExact(pending)) {
+        status = PyList_Append(pending, node);
+    }
+    else if (pending != Py_None) {
+        PyObject *done = PyObject_CallMethodOneArg(pending, str_append, node);
+        status = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    Py_DECREF(pending);
+    return status;
+}
+
+/* The cache key: (attrs, tuple of attribute types, spec of each operand).
+ * Attribute types are part of it because equal values of different types
+ * (1, 1.0, True) can make different dtypes (tf.one_hot's on_value). */
+static PyObject *
+cache_key(PyObject *inputs, PyObject *attrs)
+{
+    Py_ssize_t operands = PyTuple_GET_SIZE(inputs);
+    Py_ssize_t count = PyTuple_GET_SIZE(attrs);
+    PyObject *key = PyTuple_New(2 + operands);
+    PyObject *types = PyTuple_New(count);
+    if (key == NULL || types == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyTuple_SET_ITEM(types, i,
+                         Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(attrs, i))));
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(attrs));
+    PyTuple_SET_ITEM(key, 1, types);
+    types = NULL;
+    for (Py_ssize_t i = 0; i < operands; i++) {
+        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
+        PyObject *spec;
+        if (Py_IS_TYPE(operand, node_type)) {
+            spec = ((Node *)operand)->spec;
+            if (spec == NULL) {
+                PyErr_SetString(PyExc_AttributeError,
+                                "an operand VirtualNode has no spec");
+                goto fail;
+            }
+            Py_INCREF(spec);
+        }
+        else {
+            /* May raise NotLazy: the wrapper then runs the op eagerly. */
+            spec = PyObject_CallOneArg(spec_of_foreign, operand);
+            if (spec == NULL)
+                goto fail;
+        }
+        PyTuple_SET_ITEM(key, 2 + i, spec);
+    }
+    return key;
+fail:
+    Py_XDECREF(key);
+    Py_XDECREF(types);
+    return NULL;
+}
+
+/* Output ``index`` of a multi-output node (the thesis's ``access``). */
+static PyObject *
+output_node(Node *node, Py_ssize_t index, PyObject *site)
+{
+    PyObject *inputs = PyTuple_Pack(1, (PyObject *)node);
+    PyObject *attrs = Py_BuildValue("(n)", index);
+    PyObject *spec = PySequence_GetItem(node->spec, index);
+    PyObject *output = NULL;
+    if (inputs != NULL && attrs != NULL && spec != NULL) {
+        output = (PyObject *)new_node(access_row, inputs, attrs, spec, site);
+        if (output != NULL) {
+            node->consumers++;
+            if (append_pending(output) < 0)
+                Py_CLEAR(output);
+        }
+    }
+    Py_XDECREF(inputs);
+    Py_XDECREF(attrs);
+    Py_XDECREF(spec);
+    return output;
+}
+
+static PyObject *
+outputs_of(Node *node, PyObject *site)
+{
+    Py_ssize_t count = PyObject_Size(node->spec);
+    if (count < 0)
+        return NULL;
+    PyObject *outputs = PyList_New(count);
+    if (outputs == NULL)
+        return NULL;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *output = output_node(node, index, site);
+        if (output == NULL) {
+            Py_DECREF(outputs);
+            return NULL;
+        }
+        PyList_SET_ITEM(outputs, index, output);
+    }
+    return outputs;
+}
+
+PyDoc_STRVAR(record_doc,
+"record(row, inputs, attrs)\n--\n\n"
+"Record op-table ``row`` applied to ``inputs`` (a tuple of operands) with\n"
+"``attrs`` (a tuple of its other arguments); returns a VirtualNode, or a\n"
+"list of them for a multi-output row.  Raises NotLazy for an operand the\n"
+"recorder cannot describe, and TensorFlow's error (noting the user's line)\n"
+"for an op that cannot run on these operands.");
+
+static PyObject *
+record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (context == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "subgraphjit._native.setup() has not run");
+        return NULL;
+    }
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record(row, inputs, attrs) takes an op-table row "
+                        "and two tuples");
+        return NULL;
+    }
+    PyObject *row = args[0], *inputs = args[1];
+    PyObject *attrs = Py_NewRef(args[2]);
+    PyObject *cache = NULL, *key = NULL, *spec = NULL, *site = NULL;
+    PyObject *result = NULL;
+    Node *node = NULL;
+
+    cache = PyObject_GetAttr(row, str_cache);
+    if (cache == NULL)
+        goto done;
+    if (!PyDict_Check(cache)) {
+        PyErr_SetString(PyExc_TypeError, "row.cache must be a dict");
+        goto done;
+    }
+    key = cache_key(inputs, attrs);
+    if (key == NULL)
+        goto done;
+    spec = Py_XNewRef(PyDict_GetItemWithError(cache, key));
+    if (spec == NULL && PyErr_Occurred()) {
+        /* An unhashable attribute, such as a list: freeze the attributes
+         * (the key keeps the types of the ones given). */
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            goto done;
+        PyErr_Clear();
+        Py_SETREF(attrs, PyObject_CallOneArg(freeze, attrs));
+        if (attrs == NULL)
+            goto done;
+        PyObject *rest = PyTuple_GetSlice(key, 1, PyTuple_GET_SIZE(key));
+        if (rest == NULL)
+            goto done;
+        PyObject *head = PyTuple_Pack(1, attrs);
+        Py_SETREF(key, head == NULL ? NULL : PySequence_Concat(head, rest));
+        Py_XDECREF(head);
+        Py_DECREF(rest);
+        if (key == NULL)
+            goto done;
+        spec = Py_XNewRef(PyDict_GetItemWithError(cache, key));
+        if (spec == NULL && PyErr_Occurred())
+            goto done;
+    }
+    site = current_site();
+    if (site == NULL)
+        goto done;
+    if (spec == NULL) {
+        /* A new signature: run the op once on stand-ins (rare). */
+        spec = PyObject_CallFunctionObjArgs(infer, row, inputs, attrs, key,
+                                            site, NULL);
+        if (spec == NULL)
+            goto done;
+    }
+    node = new_node(row, inputs, attrs, spec, site);
+    if (node == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
+        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
+        if (Py_IS_TYPE(operand, node_type))
+            ((Node *)operand)->consumers++;
+    }
+    if (append_pending((PyObject *)node) < 0)
+        goto done;
+    PyObject *multi = PyObject_GetAttr(row, str_multi_output);
+    int is_multi = multi == NULL ? -1 : PyObject_IsTrue(multi);
+    Py_XDECREF(multi);
+    if (is_multi < 0)
+        goto done;
+    result = is_multi ? outputs_of(node, site) : Py_NewRef(node);
+done:
+    Py_XDECREF(node);
+    Py_XDECREF(site);
+    Py_XDECREF(spec);
+    Py_XDECREF(key);
+    Py_XDECREF(cache);
+    Py_DECREF(attrs);
+    return result;
+}
+
+PyDoc_STRVAR(setup_doc,
+"setup(context, spec_of_foreign, infer, freeze, access_row)\n--\n\n"
+"Give record() the context object and its Python callbacks.");
+
+static PyObject *
+setup(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"context", "spec_of_foreign", "infer",
+                               "freeze", "access_row", NULL};
+    PyObject *given[5];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:setup", keywords,
+                                     &given[0], &given[1], &given[2],
+                                     &given[3], &given[4]))
+        return NULL;
+    for (int i = 1; i <= 3; i++) {
+        if (!PyCallable_Check(given[i])) {
+            PyErr_Format(PyExc_TypeError, "setup(): %s must be callable",
+                         keywords[i]);
+            return NULL;
+        }
+    }
+    Py_XSETREF(context, Py_NewRef(given[0]));
+    Py_XSETREF(spec_of_foreign, Py_NewRef(given[1]));
+    Py_XSETREF(infer, Py_NewRef(given[2]));
+    Py_XSETREF(freeze, Py_NewRef(given[3]));
+    Py_XSETREF(access_row, Py_NewRef(given[4]));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+next_node_id(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLongLong(next_id);
+}
+
+static PyMethodDef methods[] = {
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"setup", (PyCFunction)(void (*)(void))setup,
+     METH_VARARGS | METH_KEYWORDS, setup_doc},
+    {"next_node_id", next_node_id, METH_NOARGS,
+     "The id the next recorded node will get (takes none)."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "subgraphjit._native",
+    .m_doc = "The recording hot path of subgraphjit, in C.",
+    .m_size = -1,   /* state is global: one recorder per process */
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    str_cache = PyUnicode_InternFromString("cache");
+    str_multi_output = PyUnicode_InternFromString("multi_output");
+    str_pending = PyUnicode_InternFromString("pending");
+    str_append = PyUnicode_InternFromString("append");
+    one = PyLong_FromLong(1);
+    getframe = Py_XNewRef(PySys_GetObject("_getframe"));
+    node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
+    if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
+            || str_append == NULL || one == NULL || node_type == NULL
+            || getframe == NULL
+            || PyModule_AddObjectRef(module, "VirtualNode",
+                                     (PyObject *)node_type) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ImportError, "sys._getframe is missing");
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
