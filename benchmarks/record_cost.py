@@ -1,6 +1,9 @@
 """Recording cost per op: the Tree-LSTM on SST minibatches, recorded by
 subgraphjit and never evaluated, against the same Python model code running
-eagerly.  Prints microseconds per recorded op.
+eagerly.  Prints microseconds per recorded op, and the memory a recorded op
+holds: bytes allocated (tracemalloc: sizes as requested from Python's
+allocators) and resident-set growth (/proc/self/statm, Linux only), each
+divided by the ops recorded.
 
     python benchmarks/record_cost.py [--batch-sizes 25 256] [--repeats 5]
 
@@ -10,9 +13,11 @@ DyNet builds its graph at about 0.5 microseconds per node on this machine
 
 import argparse
 import gc
+import os
 import pathlib
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -36,6 +41,45 @@ def time_recording(model, batch, vocabulary):
     return elapsed, recorded
 
 
+def resident_bytes():
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return float("nan")
+
+
+def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
+    """Bytes per recorded op that a recorded graph holds: allocated
+    (tracemalloc) and resident-set growth.  Copies of the minibatch's
+    recording are kept alive together (2,000,000 ops or more) and each
+    measure is taken over the second half of them: the first ones reuse
+    memory the process already holds (freed by earlier evaluations).
+    Recorded outside any scope, so nothing is evaluated (inside one, the
+    scope's list adds 8 bytes per op)."""
+    sizes = []
+    for traced in (True, False):  # tracemalloc's own tables would count as RSS
+        gc.collect()
+        gc.disable()  # as a scope does while recording
+        if traced:
+            tracemalloc.start()
+        subgraphjit.reset_stats()
+        losses, marks = [], []
+        for _ in range(2 * -(-1_000_000 // ops_per_minibatch)):
+            losses.append(subgraphjit.add_n(
+                [model.loss(tree, vocabulary) for tree in batch]))
+            marks.append((tracemalloc.get_traced_memory()[0] if traced
+                          else resident_bytes(),
+                          subgraphjit.stats()["nodes_recorded"]))
+        tracemalloc.stop()
+        del losses
+        gc.enable()
+        (first, first_ops), (last, last_ops) = marks[len(marks) // 2 - 1], \
+            marks[-1]
+        sizes.append((last - first) / (last_ops - first_ops))
+    return sizes
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 256])
@@ -55,12 +99,15 @@ def main():
             elapsed, recorded = time_recording(model, batch, vocabulary)
             per_op.append(elapsed / recorded * 1e6)
         rows.append((batch_size, recorded, np.median(per_op), min(per_op),
-                     np.median(per_op) * recorded / 1e3))
+                     np.median(per_op) * recorded / 1e3,
+                     *memory_per_op(model, batch, vocabulary, recorded)))
     print(f"{'batch':>5}  {'ops recorded':>12}  {'us/op (median)':>14}  "
-          f"{'us/op (best)':>12}  {'ms/minibatch':>12}  {'vs DyNet 0.5 us':>15}")
-    for batch_size, recorded, median, best, total in rows:
+          f"{'us/op (best)':>12}  {'ms/minibatch':>12}  {'vs DyNet 0.5 us':>15}  "
+          f"{'bytes/op allocated':>18}  {'bytes/op resident':>17}")
+    for batch_size, recorded, median, best, total, traced, resident in rows:
         print(f"{batch_size:>5}  {recorded:>12}  {median:>14.2f}  {best:>12.2f}  "
-              f"{total:>12.1f}  {median / 0.5:>14.1f}x")
+              f"{total:>12.1f}  {median / 0.5:>14.1f}x  {traced:>18.0f}  "
+              f"{resident:>17.0f}")
     print("(time of the user's Python model code plus recording, divided by "
           "the ops recorded; nothing is evaluated)")
 
