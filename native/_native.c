@@ -248,8 +248,15 @@ static PyObject *spec_of_foreign;  /* spec of an operand that is no node */
 static PyObject *infer;            /* _infer(row, inputs, attrs, key, site) */
 static PyObject *freeze;           /* hashable form of attributes */
 static PyObject *access_row;       /* ACCESS: output i of a multi-output op */
+static PyObject *scalar_specs;     /* {int: Spec, float: ..., bool: ...} */
+static PyObject *variable_types;   /* {type of each variable seen} */
 
-static PyObject *str_cache, *str_multi_output, *str_pending, *str_append;
+static PyObject *str_cache, *str_multi_output, *str_pending, *str_append,
+                *str_variable_spec;
+
+/* Attributes of output i of a multi-output op, (i,), shared by all. */
+#define SHARED_INDICES 16
+static PyObject *index_attrs[SHARED_INDICES];
 
 static int
 append_pending(PyObject *node)
@@ -268,6 +275,33 @@ append_pending(PyObject *node)
     }
     Py_DECREF(pending);
     return status;
+}
+
+/* spec_of_foreign(operand), with its two common cases taken here: Python
+ * numbers (by exact type), and variables, which keep their spec on
+ * themselves once spec_of_foreign has seen them. */
+static PyObject *
+foreign_spec(PyObject *operand)
+{
+    PyObject *type = (PyObject *)Py_TYPE(operand);
+    PyObject *spec = PyDict_GetItemWithError(scalar_specs, type);
+    if (spec != NULL)
+        return Py_NewRef(spec);
+    if (PyErr_Occurred())
+        return NULL;
+    int variable = PySet_Contains(variable_types, type);
+    if (variable < 0)
+        return NULL;
+    if (variable) {
+        spec = PyObject_GetAttr(operand, str_variable_spec);
+        if (spec != NULL && spec != Py_None)
+            return spec;
+        Py_XDECREF(spec);
+        if (spec == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    }
+    return PyObject_CallOneArg(spec_of_foreign, operand);
 }
 
 /* The cache key: (attrs, tuple of attribute types, spec of each operand).
@@ -302,7 +336,7 @@ cache_key(PyObject *inputs, PyObject *attrs)
         }
         else {
             /* May raise NotLazy: the wrapper then runs the op eagerly. */
-            spec = PyObject_CallOneArg(spec_of_foreign, operand);
+            spec = foreign_spec(operand);
             if (spec == NULL)
                 goto fail;
         }
@@ -320,7 +354,8 @@ static PyObject *
 output_node(Node *node, Py_ssize_t index, PyObject *site)
 {
     PyObject *inputs = PyTuple_Pack(1, (PyObject *)node);
-    PyObject *attrs = Py_BuildValue("(n)", index);
+    PyObject *attrs = index < SHARED_INDICES ? Py_NewRef(index_attrs[index])
+                                             : Py_BuildValue("(n)", index);
     PyObject *spec = PySequence_GetItem(node->spec, index);
     PyObject *output = NULL;
     if (inputs != NULL && attrs != NULL && spec != NULL) {
@@ -455,18 +490,23 @@ done:
 }
 
 PyDoc_STRVAR(setup_doc,
-"setup(context, spec_of_foreign, infer, freeze, access_row)\n--\n\n"
-"Give record() the context object and its Python callbacks.");
+"setup(context, spec_of_foreign, infer, freeze, access_row, scalar_specs,\n"
+"      variable_types)\n--\n\n"
+"Give record() the context object, its Python callbacks, and the tables of\n"
+"spec_of_foreign's fast cases (a dict by type and a set of types).");
 
 static PyObject *
 setup(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"context", "spec_of_foreign", "infer",
-                               "freeze", "access_row", NULL};
-    PyObject *given[5];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:setup", keywords,
-                                     &given[0], &given[1], &given[2],
-                                     &given[3], &given[4]))
+                               "freeze", "access_row", "scalar_specs",
+                               "variable_types", NULL};
+    PyObject *given[7];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO!O!:setup",
+                                     keywords, &given[0], &given[1],
+                                     &given[2], &given[3], &given[4],
+                                     &PyDict_Type, &given[5], &PySet_Type,
+                                     &given[6]))
         return NULL;
     for (int i = 1; i <= 3; i++) {
         if (!PyCallable_Check(given[i])) {
@@ -475,11 +515,10 @@ setup(PyObject *module, PyObject *args, PyObject *kwargs)
             return NULL;
         }
     }
-    Py_XSETREF(context, Py_NewRef(given[0]));
-    Py_XSETREF(spec_of_foreign, Py_NewRef(given[1]));
-    Py_XSETREF(infer, Py_NewRef(given[2]));
-    Py_XSETREF(freeze, Py_NewRef(given[3]));
-    Py_XSETREF(access_row, Py_NewRef(given[4]));
+    PyObject **fields[] = {&context, &spec_of_foreign, &infer, &freeze,
+                           &access_row, &scalar_specs, &variable_types};
+    for (int i = 0; i < 7; i++)
+        Py_XSETREF(*fields[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;
 }
 
@@ -516,11 +555,20 @@ PyInit__native(void)
     str_multi_output = PyUnicode_InternFromString("multi_output");
     str_pending = PyUnicode_InternFromString("pending");
     str_append = PyUnicode_InternFromString("append");
+    str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
+    for (Py_ssize_t i = 0; i < SHARED_INDICES; i++) {
+        index_attrs[i] = Py_BuildValue("(n)", i);
+        if (index_attrs[i] == NULL) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
     one = PyLong_FromLong(1);
     getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
-            || str_append == NULL || one == NULL || node_type == NULL
+            || str_append == NULL || str_variable_spec == NULL
+            || one == NULL || node_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
                                      (PyObject *)node_type) < 0) {

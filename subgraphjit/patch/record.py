@@ -208,4 +208,5 @@ ACCESS = OpRow("access", None, "access")
 ACCESS.call = _access_call
 
 _native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,
-              freeze=freeze, access_row=ACCESS)
+              freeze=freeze, access_row=ACCESS, scalar_specs=specs.SCALAR_SPECS,
+              variable_types=specs.VARIABLE_TYPES)

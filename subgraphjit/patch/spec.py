@@ -45,7 +45,9 @@ def spec(dtype, shape, python_type=None):
     return found
 
 
-_SCALAR_SPECS = {kind: spec(None, (), kind) for kind in (int, float, bool)}
+SCALAR_SPECS = {kind: spec(None, (), kind) for kind in (int, float, bool)}
+# Types of the variables seen, each instance of which is a variable.
+VARIABLE_TYPES = set()
 
 
 def spec_of_foreign(value):
@@ -55,16 +57,18 @@ def spec_of_foreign(value):
     their kind and shape only, since TensorFlow converts them to the dtype the
     op asks for (``x + 2`` on a float tensor adds 2.0).
     """
-    scalar_spec = _SCALAR_SPECS.get(type(value))
+    scalar_spec = SCALAR_SPECS.get(type(value))
     if scalar_spec is not None:
         return scalar_spec
     if is_variable(value):
         # Weights meet almost every recorded op: keep their spec on them.
         # A variable's dtype and shape never change (one made with an
-        # unknown shape is not recorded lazily).
+        # unknown shape is not recorded lazily).  The recorder reads the
+        # spec itself off instances of VARIABLE_TYPES (_native.c).
         known = getattr(value, "_subgraphjit_spec", None)
         if known is None:
             known = value._subgraphjit_spec = _spec_of_tensor(value)
+            VARIABLE_TYPES.add(type(value))
         return known
     if isinstance(value, tf.Tensor):
         if not hasattr(value, "_numpy"):
