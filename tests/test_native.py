@@ -1,0 +1,178 @@
+"""The compiled recorder (subgraphjit._native): node storage outside the
+cyclic collector, record's key, spec cache, consumers, sites and ids, clean
+errors for bad calls, and freeing deep graphs."""
+
+import gc
+import operator
+import sys
+import weakref
+
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as tf
+from subgraphjit import VirtualNode, _native
+from subgraphjit.context import context
+from subgraphjit.patch.record import ACCESS, FrozenSlice
+from subgraphjit.patch.spec import NotLazy, spec
+from subgraphjit.patch.table import ALL_ROWS
+
+ROWS = {row.name: row for row in ALL_ROWS}
+
+
+def constant(*shape):
+    return tensorflow.constant(np.ones(shape, np.float32))
+
+
+def test_nodes_are_not_tracked_by_the_cyclic_collector():
+    node = tf.tanh(constant(2, 3))
+    assert type(node) is VirtualNode and not gc.is_tracked(node)
+    assert not VirtualNode.__flags__ & (1 << 14)  # Py_TPFLAGS_HAVE_GC
+    # A subclass would be tracked again, so VirtualNode takes none.
+    with pytest.raises(TypeError):
+        type("Sub", (VirtualNode,), {"__slots__": ()})
+
+
+def test_fields_are_attributes_with_none_defaults():
+    row, site = ROWS["math.tanh"], (sys._getframe().f_code, 7)
+    node = VirtualNode(41, row, ("x",), (), spec(tf.float32, (2,)), site)
+    assert (node.id, node.row, node.inputs, node.attrs, node.site) == \
+        (41, row, ("x",), (), site)
+    assert node.spec is spec(tf.float32, (2,))
+    assert node.result is None and node.batch is None and node.batch_row is None
+    assert node.consumers == 0
+    node.consumers += 2
+    node.result, node.batch, node.batch_row, node.inputs = "r", "b", 3, ()
+    assert (node.consumers, node.result, node.batch, node.batch_row,
+            node.inputs) == (2, "r", "b", 3, ())
+    del node.site  # as with __slots__: a deleted field reads as missing
+    with pytest.raises(AttributeError):
+        node.site
+    with pytest.raises(AttributeError):
+        node.meta = {}  # no instance dict
+    with pytest.raises(TypeError):
+        node.consumers = None
+    probe = weakref.ref(node)
+    del node
+    assert probe() is None
+
+
+def test_record_builds_the_key_counts_consumers_and_names_the_users_line():
+    x = constant(2, 3)
+    with tf.batching():
+        first_id = _native.next_node_id()
+        a = tf.tanh(x)
+        b, line = tf.reduce_sum(a, axis=1), sys._getframe().f_lineno
+        c = a * a
+        assert all(map(operator.is_, context.pending, [a, b, c]))
+        # (Read before the scope's end evaluates them and drops inputs.)
+        assert b.inputs[0] is a and b.spec is spec(tf.float32, (2,))
+        assert b.site == (sys._getframe().f_code, line)
+        assert c.site[1] == line + 1  # operators name the user's line too
+    assert (a.id, b.id, c.id) == (first_id, first_id + 1, first_id + 2)
+    assert _native.next_node_id() == first_id + 3
+    assert a.consumers == 3 and b.consumers == 0  # c reads a twice
+    row = ROWS["math.reduce_sum"]
+    key = (b.attrs, tuple(map(type, b.attrs)), a.spec)
+    assert row.cache[key] is b.spec
+
+
+def test_cached_specs_skip_inference_and_attribute_types_are_in_the_key():
+    x = tensorflow.constant([1, 2])
+    tf.one_hot(x, 3, on_value=1)
+    inferences = context.shape_inferences
+    assert tf.one_hot(x, 3, on_value=1).dtype == tf.int32
+    assert context.shape_inferences == inferences  # a cache hit
+    assert tf.one_hot(x, 3, on_value=1.0, off_value=0.0).dtype == tf.float32
+
+
+def test_unhashable_attributes_are_frozen():
+    node = tf.tanh(constant(2, 3))[:, 1]
+    (frozen, index), = node.attrs
+    assert type(frozen) is FrozenSlice and index == 1
+    assert node.shape == (2,)
+    np.testing.assert_allclose(node.numpy(), np.tanh(np.ones(2)), rtol=1e-6)
+
+
+def test_multi_output_rows_give_accesses():
+    gates = tf.tanh(constant(1, 6))
+    before = _native.next_node_id()
+    outputs, line = tf.split(gates, 3, axis=1), sys._getframe().f_lineno
+    assert _native.next_node_id() == before + 4
+    split = outputs[0].inputs[0]
+    assert split.id == before and split.consumers == 3
+    for index, output in enumerate(outputs):
+        assert output.row is ACCESS and output.attrs == (index,)
+        assert output.inputs == (split,) and output.spec is split.spec[index]
+        assert output.id == before + 1 + index and output.site[1] == line
+
+
+def test_foreign_operands_that_cannot_be_described_stay_eager():
+    node = tf.tanh(constant(2, 1))
+    with pytest.raises(NotLazy):
+        _native.record(ROWS["math.add"], (node, object()), ())
+    assert node.consumers == 0  # nothing was recorded
+    assert isinstance(tf.add(node, tensorflow.ragged.constant([[1.0], [2.0]])),
+                      tensorflow.RaggedTensor)
+
+
+@pytest.mark.parametrize("arguments", [
+    (), (ROWS["math.tanh"],), (ROWS["math.tanh"], [1.0], ()),
+    (ROWS["math.tanh"], (1.0,), [None]), (ROWS["math.tanh"], (), (), ()),
+])
+def test_bad_calls_raise_type_errors(arguments):
+    with pytest.raises(TypeError):
+        _native.record(*arguments)
+
+
+def test_bad_rows_and_nodes_raise_clean_errors():
+    with pytest.raises(AttributeError):
+        _native.record(object(), (1.0,), ())
+    row = type("Row", (), {"cache": [], "multi_output": False})()
+    with pytest.raises(TypeError):
+        _native.record(row, (1.0,), ())
+    with pytest.raises(TypeError):
+        VirtualNode("not an id", None, (), (), None, None)
+    with pytest.raises(TypeError):
+        VirtualNode(1, None)
+    with pytest.raises(TypeError):
+        _native.setup(context, None, None, None, ACCESS, {}, set())
+    node = tf.tanh(constant(2))
+    del node.spec
+    with pytest.raises(AttributeError):
+        tf.exp(node)
+    with pytest.raises(TypeError):
+        _native.next_node_id(1)
+
+
+def test_deep_chains_are_freed_without_recursing():
+    # Freeing the last node frees the chain; done recursively in C it would
+    # overflow the C stack long before 100,000 nodes.
+    x = tf.tanh(constant(1))
+    probe = weakref.ref(x)
+    for _ in range(100_000):
+        x = x + 1.0
+    del x
+    assert probe() is None
+    # Inputs need not be tuples (whose deallocation CPython bounds itself).
+    chain = VirtualNode(0, ACCESS, (), (), None, None)
+    probe = weakref.ref(chain)
+    for node_id in range(1, 300_000):
+        chain = VirtualNode(node_id, ACCESS, chain, (), None, None)
+    del chain
+    assert probe() is None
+
+
+def test_variables_and_python_numbers_give_their_own_specs():
+    x = constant(1, 3)
+    narrow = tensorflow.Variable(np.ones((3, 4), np.float32))
+    wide = tensorflow.Variable(np.ones((3, 5), np.float64))
+    for _ in range(2):  # the second time from the specs kept on them
+        assert tf.matmul(x, narrow).shape == (1, 4)
+        assert tf.matmul(tf.cast(x, tf.float64), wide).dtype == tf.float64
+    h = tf.tanh(x)
+    assert (h + 1).dtype == (h + 1.0).dtype == tf.float32
+    assert (h + 1).inputs == (h, 1) and (h + 1).row.name == "operator.add"
+    with pytest.raises(TypeError):
+        _native.setup(context, None, None, None, ACCESS, [], set())
