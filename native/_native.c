@@ -57,13 +57,13 @@ static PyTypeObject *node_type;   /* VirtualNode */
 static long long next_id;          /* the id the next node gets */
 
 static Node *
-new_node(PyObject *row, PyObject *inputs, PyObject *attrs, PyObject *spec,
-         PyObject *site)
+new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
+         PyObject *spec, PyObject *site)
 {
     Node *node = PyObject_New(Node, node_type);
     if (node == NULL)
         return NULL;
-    node->id = next_id++;
+    node->id = id;
     node->consumers = 0;
     node->row = Py_NewRef(row);
     node->inputs = Py_NewRef(inputs);
@@ -88,12 +88,7 @@ node_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                                      keywords, &id, &row, &inputs, &attrs,
                                      &spec, &site))
         return NULL;
-    Node *node = new_node(row, inputs, attrs, spec, site);
-    if (node != NULL) {
-        next_id--;          /* the caller numbers this one */
-        node->id = id;
-    }
-    return (PyObject *)node;
+    return (PyObject *)new_node(id, row, inputs, attrs, spec, site);
 }
 
 /* Freeing a node drops its inputs, which may free theirs: a chain of 100,000
@@ -359,7 +354,8 @@ output_node(Node *node, Py_ssize_t index, PyObject *site)
     PyObject *spec = PySequence_GetItem(node->spec, index);
     PyObject *output = NULL;
     if (inputs != NULL && attrs != NULL && spec != NULL) {
-        output = (PyObject *)new_node(access_row, inputs, attrs, spec, site);
+        output = (PyObject *)new_node(next_id++, access_row, inputs, attrs,
+                                      spec, site);
         if (output != NULL) {
             node->consumers++;
             if (append_pending(output) < 0)
@@ -463,7 +459,7 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (spec == NULL)
             goto done;
     }
-    node = new_node(row, inputs, attrs, spec, site);
+    node = new_node(next_id++, row, inputs, attrs, spec, site);
     if (node == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {

@@ -17,6 +17,8 @@ from subgraphjit.context import context
 from subgraphjit.patch.record import ACCESS, FrozenSlice
 from subgraphjit.patch.spec import NotLazy, spec
 from subgraphjit.patch.table import ALL_ROWS
+from experiments.example_models import MODELS
+from test_patterns import parameters  # noqa: F401 (fixture)
 
 ROWS = {row.name: row for row in ALL_ROWS}
 
@@ -176,3 +178,24 @@ def test_variables_and_python_numbers_give_their_own_specs():
     assert (h + 1).inputs == (h, 1) and (h + 1).row.name == "operator.add"
     with pytest.raises(TypeError):
         _native.setup(context, None, None, None, ACCESS, [], set())
+
+
+def test_graphs_rewritten_by_patterns_are_freed(parameters):
+    """Nodes are invisible to the cyclic collector, so a cycle through them
+    would never be freed: none is made, even where pattern matching and
+    joining rewrite nodes' inputs."""
+    parameters(granularity="subgraph", collect=1, fuse=True)
+    rng = np.random.default_rng(3)
+    model = MODELS["tree_lstm"](rng)
+    tf.reset_stats()
+    probes = []
+    for _ in range(2):  # collect patterns, then replace and join
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([model.loss(tf, example)
+                             for example in model.random_examples(rng, 4)])
+            probes += [weakref.ref(node) for node in context.pending]
+        tape.gradient(loss, model.variables)
+        del loss, tape
+    assert tf.stats()["pattern_fusions"] > 0
+    gc.collect()
+    assert not [probe for probe in probes if probe() is not None]
