@@ -6,7 +6,8 @@ in tf.function; a hand-batched TensorFlow version (level by level), eager
 and with its whole step in tf.function (traced once per tree height); DyNet
 with autobatching, agenda and depth (if ``dynet38`` is installed; run in
 subprocesses); and subgraphjit with each scheduler and granularity (ops, or
-frequent subgraphs as units).  Ratios are to plain
+frequent subgraphs as units), and with patterns run as one compiled program
+per evaluation (``compile`` 1).  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
@@ -186,15 +187,22 @@ def main():
         "hand-batched, tf.function": compiled_hand_batched_system(
             lambda: HandBatchedTreeLSTM(size, 2)),
     }
-    for granularity in ("op", "subgraph"):
-        for scheduler in ("agenda", "depth", "fsm"):
-            def make(scheduler=scheduler, granularity=granularity):
-                subgraphjit.set_parameter("scheduler", scheduler)
-                subgraphjit.set_parameter("granularity", granularity)
-                subgraphjit.reset_patterns()  # a new model: collect its patterns
-                return TreeLSTM(subgraphjit, size, 2)
-            systems[f"subgraphjit {scheduler}, {granularity}"] = \
-                per_instance_system(subgraphjit, make)
+    settings = [(scheduler, granularity, 0) for granularity in ("op", "subgraph")
+                for scheduler in ("agenda", "depth", "fsm")]
+    # Each evaluation as one compiled program (depth rounds: the scheduler
+    # does not matter), compiled at its key's first sighting.
+    settings.append(("agenda", "subgraph", 1))
+    for scheduler, granularity, compile_after in settings:
+        def make(scheduler=scheduler, granularity=granularity,
+                 compile_after=compile_after):
+            subgraphjit.set_parameter("scheduler", scheduler)
+            subgraphjit.set_parameter("granularity", granularity)
+            subgraphjit.set_parameter("compile", compile_after)
+            subgraphjit.reset_patterns()  # a new model: collect its patterns
+            return TreeLSTM(subgraphjit, size, 2)
+        name = f"subgraphjit {scheduler}, {granularity}"
+        systems[name + (", compiled" if compile_after else "")] = \
+            per_instance_system(subgraphjit, make)
     if arguments.systems:
         systems = {name: system for name, system in systems.items()
                    if name == "eager TensorFlow" or any(
@@ -216,30 +224,38 @@ def main():
             subset = trees[:arguments.eager_trees] if name in per_instance else trees
             batches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
             train, infer, model = system(batches, vocabulary)
-            train(), infer()  # warm up: traces, caches
+            subgraphjit.reset_stats()
+            started = time.perf_counter()
+            train(), infer()  # warm up: traces, caches, compiled programs
+            warm_up = time.perf_counter() - started
+            programs = subgraphjit.stats()["programs_compiled"]
             speeds = (median_rate(train, len(subset), arguments.passes),
                       median_rate(infer, len(subset), arguments.passes))
             eager = eager or speeds
             front_end = (front_end_rate(model, batches, vocabulary)
                          if name.startswith("subgraphjit") else None)
-            rows.append((name, *speeds, front_end))
+            rows.append((name, *speeds, front_end, warm_up, programs))
         if has_dynet and wants_dynet:
             for strategy, label in ((1, "agenda"), (2, "depth")):
                 speeds = dynet_rates(strategy, batch_size, arguments)
                 rows.append((f"DyNet autobatch {label}", speeds["train"],
-                             speeds["infer"], None))
+                             speeds["infer"], None, None, None))
         print(f"\nbatch size {batch_size}")
-        print(f"{'system':<30} {'train sent/s':>12} {'x eager':>8} "
-              f"{'infer sent/s':>12} {'x eager':>8} {'front end sent/s':>16}")
-        for name, train_rate, infer_rate, front_end in rows:
-            print(f"{name:<30} {train_rate:>12.1f} {train_rate / eager[0]:>8.1f} "
+        print(f"{'system':<40} {'train sent/s':>12} {'x eager':>8} "
+              f"{'infer sent/s':>12} {'x eager':>8} {'front end sent/s':>16} "
+              f"{'warm-up s':>9} {'programs':>8}")
+        for name, train_rate, infer_rate, front_end, warm_up, programs in rows:
+            print(f"{name:<40} {train_rate:>12.1f} {train_rate / eager[0]:>8.1f} "
                   f"{infer_rate:>12.1f} {infer_rate / eager[1]:>8.1f} "
-                  + (f"{front_end:>16.1f}" if front_end is not None else ""))
-        print(f"{'compute floor':<30} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
+                  + (f"{front_end:>16.1f}" if front_end is not None else " " * 16)
+                  + (f" {warm_up:>9.1f} {programs:>8}" if warm_up is not None else ""))
+        print(f"{'compute floor':<40} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
               f"{floor_infer:>12.0f} {floor_infer / eager[1]:>8.1f}")
     print("\nfront end: training sentences/s if only subgraphjit's recording, "
           "pattern search and batching analysis cost time (no TensorFlow op "
-          "timed): no execution, however fast, can train faster.")
+          "timed): no execution, however fast, can train faster.  warm-up: "
+          "the untimed first training and inference pass (traces, pattern "
+          "collection, compiled programs); programs: compiled in it.")
     if not has_dynet:
         print("\n(DyNet rows need `pip install dynet38`.)")
 

@@ -90,6 +90,17 @@ class _Compiled:
             raise compiled
         return compiled(*[tensor for pair in arguments for tensor in pair])
 
+    def traced(self, arguments):
+        """``batched``, its ops traced into the caller's graph rather than
+        called as a function of their own (inside a compiled program a
+        nested call costs far more than the ops it runs)."""
+        key = tuple((table.dtype, tuple(table.shape[1:])) for table, _ in arguments)
+        body = self._bodies.get(key)
+        if body is None:
+            body = self._bodies[key] = self.stacked_body(
+                [specs.spec(dtype, shape) for dtype, shape in key])
+        return body([gather_rows(table, rows) for table, rows in arguments])
+
     def _compile_batched(self, key):
         """The concrete function for these argument specs (see ``batched``),
         or the NoRule that prevents one.  Called directly, a concrete
@@ -123,6 +134,7 @@ class _Compiled:
         self.function = namespace[self.function_name]
         self._compiled = {}      # per-instance argument specs -> concrete function
         self._batched = {}       # stacked argument specs -> concrete function or NoRule
+        self._bodies = {}        # stacked argument specs -> stacked_body, for ``traced``
         self.row = OpRow(row_name, None, "pattern", tensors=len(self.arguments),
                          multi_output=multi_output)
         self.row.call = self.call

@@ -14,21 +14,19 @@ from gradients import assert_gradient_equal
 SCHEDULER_NAMES = ["none", *SCHEDULERS, "fsm"]
 
 
-@pytest.fixture(params=[(name, "none", 0) for name in SCHEDULER_NAMES]
-                + [(name, "pq", 0) for name in SCHEDULER_NAMES if name != "none"]
-                + [(name, "none", 1) for name in SCHEDULER_NAMES if name != "none"],
-                ids=lambda setting: "-".join(map(str, setting[:2])) + (
-                    "-compiled" if setting[2] else ""))
+@pytest.fixture(params=[(name, "none") for name in SCHEDULER_NAMES]
+                + [(name, "pq") for name in SCHEDULER_NAMES if name != "none"],
+                ids=lambda pair: "-".join(pair))
 def scheduler(request):
-    """The scheduler's name, with a row layout set too, and the schedule run
-    step by step (compile 0) or compiled at once (compile 1)."""
-    keys = ("scheduler", "layout", "compile")
-    previous = [tf.get_parameter(key) for key in keys]
-    for key, value in zip(keys, request.param):
-        tf.set_parameter(key, value)
-    yield request.param[0]
-    for key, value in zip(keys, previous):
-        tf.set_parameter(key, value)
+    """The scheduler's name, with a row layout set too; every batch runs as
+    its own op (compiled programs: test_programs.py)."""
+    previous = tf.get_parameter("scheduler"), tf.get_parameter("layout")
+    name, layout = request.param
+    tf.set_parameter("scheduler", name)
+    tf.set_parameter("layout", layout)
+    yield name
+    tf.set_parameter("scheduler", previous[0])
+    tf.set_parameter("layout", previous[1])
 
 
 @pytest.fixture

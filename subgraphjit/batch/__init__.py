@@ -13,30 +13,24 @@ import time
 
 import tensorflow as tf
 
-from . import layout, program
+from . import layout, plan, program
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
-from .plan import plan
 from .program import PROGRAMS
 from .schedulers import schedule
 
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
-    The whole schedule is decided first: it depends only on the graph's
-    structure.  With ``compile_after`` > 0 the schedule is planned as a
-    program, run as one compiled call once its key has been seen that many
-    times (program.py)."""
+    With ``compile_after`` > 0 the graph is planned as a program, which
+    runs as one compiled call once its key has been seen that many times
+    (plan.py, program.py); otherwise, and until then, the scheduler's
+    batches run one by one."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
-    batches = schedule(graph, scheduler)
-    if row_layout == "pq":
-        planning = time.perf_counter()
-        batches = order_rows(graph, batches)
-        statistics["layout_seconds"] += time.perf_counter() - planning
     function = None
     if compile_after:
-        the_program = plan(graph, batches)
+        the_program = plan.plan(graph)
         function = PROGRAMS.function_for(the_program, compile_after, statistics)
     analysed = time.perf_counter()
     if function is not None:
@@ -47,6 +41,12 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
             # names the instance's own line.
             function = None
     if function is None:
+        batches = schedule(graph, scheduler)
+        if row_layout == "pq":
+            planning = time.perf_counter()
+            batches = order_rows(graph, batches)
+            statistics["layout_seconds"] += time.perf_counter() - planning
+        analysed = time.perf_counter()
         executor = Executor(graph, statistics)
         for batch in batches:
             executor.run(batch)

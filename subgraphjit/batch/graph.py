@@ -118,8 +118,9 @@ class BatchGraph:
                                  else operand.spec[pick])
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
-            elif type(operand) in _PYTHON_NUMBERS and position not in index_positions:
-                # A constant such as the 0.5 in ``x * 0.5``: shared by value.
+            elif _is_number(operand) and position not in index_positions:
+                # A constant such as the 0.5 in ``x * 0.5`` (or a NumPy
+                # scalar, ``x / np.sqrt(d)``): shared by value.
                 operands.append(operand)
                 signature.append((type(operand), operand))
                 identity.append(None)
@@ -199,8 +200,12 @@ def _value_key(value):
     return (array.dtype.str, array.shape, array.tobytes())
 
 
+def _is_number(operand):
+    return type(operand) in _PYTHON_NUMBERS or isinstance(operand, np.generic)
+
+
 def _is_shared(operand, is_index):
-    if type(operand) in _PYTHON_NUMBERS:
+    if _is_number(operand):
         return not is_index
     return isinstance(operand, tf.Tensor) or is_variable(operand)
 

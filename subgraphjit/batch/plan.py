@@ -1,19 +1,23 @@
-"""Planning: a schedule becomes a program of steps over integer row arrays.
+"""Planning: an evaluation's graph becomes a program of steps over row arrays.
 
-Pure bookkeeping, no TensorFlow ops: ``plan(graph, batches)`` turns the
-scheduler's batches into a ``Program``, which ``program.py`` runs as one
-compiled TensorFlow call.
+Pure bookkeeping, no TensorFlow ops: ``plan(graph)`` turns the graph into
+a ``Program``, which ``program.py`` runs as one compiled TensorFlow call.
 
-Each batch becomes a ``Step``: one op-table row (or pattern) over the rows
-of its instances.  Every per-instance operand that is a recorded node reads
-rows of a *buffer*: the results of all earlier steps with the operand's
-spec, concatenated in step order, followed by the values of any operand
-nodes evaluated in an earlier evaluation.  Reading whole buffers, rather
-than exactly the steps an operand's rows come from, is what makes a
-program's ``key`` depend on the sequence of step kinds only: minibatches of
-different trees whose schedules have the same kinds of steps (the same
-tree height, for a Tree-LSTM) run one compiled program with other row
-arrays.
+A compiled program pays off only if later minibatches reuse it, so its
+shape must not depend on the details of one minibatch's trees.  The
+program runs in *rounds*: round d runs every node at depth d (1 + its
+deepest operand), one step per node type, every type in every round (a
+step may have no rows) and the types in one fixed order (their stable
+names).  Inside a compiled call a step with no rows costs microseconds,
+not the tens of microseconds of an eager launch.  The number of rounds is
+rounded up (``ROUNDS``), so a program's ``key`` is the sorted node types
+and that bucket: minibatches of other trees, other sizes and other tree
+heights in the same bucket run one compiled program with other row arrays.
+
+Every per-instance operand that is a recorded node reads rows of a
+*buffer*: the results of all earlier steps with the operand's spec,
+concatenated in step order, followed by the values of any operand nodes
+evaluated in an earlier evaluation.
 """
 
 import numpy as np
@@ -23,6 +27,11 @@ from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .graph import NodeOperand
 from .rules import rule_for
+from .schedulers import depths
+
+# Rounds are rounded up to a multiple of this: fewer distinct programs to
+# compile, for a few rounds of empty steps.
+ROUNDS = 4
 
 _NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
@@ -63,18 +72,18 @@ class Operand:
 
 
 class Step:
-    """One batch: ``indices`` (graph nodes, one per instance) running
-    ``row`` with ``attrs``.  ``per_instance``: the op has no batch rule for
-    these operands (every operand shared, or no rule at all), so it runs
-    once per instance; ``outputs``: (buffer, offset) of each output."""
+    """Some nodes of one type: ``indices`` (graph nodes, one per instance,
+    perhaps none) running ``row`` with ``attrs``.  ``every_operand_shared``:
+    the step runs once per instance (its count is part of the key);
+    ``outputs``: (buffer, offset) of each output."""
 
-    __slots__ = ("indices", "row", "attrs", "spec", "operands", "per_instance",
-                 "outputs")
+    __slots__ = ("indices", "row", "attrs", "spec", "operands",
+                 "every_operand_shared", "outputs")
 
     def key(self):
         return (self.row, self.attrs, tuple(map(type, self.attrs)),
                 tuple(operand.key() for operand in self.operands),
-                len(self.indices) if self.per_instance else None)
+                len(self.indices) if self.every_operand_shared else None)
 
 
 class Program:
@@ -93,9 +102,41 @@ class Program:
         return self._locations[index]
 
 
-def plan(graph, batches):
-    """The program running ``batches`` (lists of graph indices) in order."""
-    return _Planner(graph).plan(batches)
+def plan(graph):
+    """The program computing every node of ``graph`` in depth rounds."""
+    return _Planner(graph).plan()
+
+
+def rounds(graph):
+    """(node type, graph indices) of each step: per round, in the order of
+    their stable names, every type whose depths span that round, the span
+    widened to multiples of ``ROUNDS`` (see the module docstring)."""
+    depth = depths(graph)
+    first, last = {}, {}
+    for index, node_type in enumerate(graph.type_of):
+        if node_type >= 0:
+            d = depth[index]
+            first[node_type] = min(first.get(node_type, d), d)
+            last[node_type] = max(last.get(node_type, d), d)
+    types = sorted(first, key=graph.type_names.__getitem__)
+    count = -(-max(last.values(), default=0) // ROUNDS) * ROUNDS
+    members = [[[] for _ in graph.signatures] for _ in range(count + 1)]
+    for index, node_type in enumerate(graph.type_of):
+        if node_type >= 0:
+            members[depth[index]][node_type].append(index)
+    steps = []
+    for d in range(1, count + 1):
+        for node_type in types:
+            # A type met at one depth only (an input, a final sum) keeps to
+            # it; others span whole blocks of rounds.
+            if first[node_type] == last[node_type]:
+                spanned = d == first[node_type]
+            else:
+                spanned = ((first[node_type] - 1) // ROUNDS * ROUNDS < d
+                           <= -(-last[node_type] // ROUNDS) * ROUNDS)
+            if spanned:
+                steps.append((node_type, members[d][node_type]))
+    return steps
 
 
 class _Planner:
@@ -107,22 +148,28 @@ class _Planner:
         # Per graph index: (buffer, row) of its result, a list of them for a
         # multi-output node, None while (or if never) computed.
         self.locations = [None] * len(graph)
+        # A node of each type, whose operands tell those of an empty step.
+        self.example = {}
+        for index, node_type in enumerate(graph.type_of):
+            if node_type >= 0:
+                self.example.setdefault(node_type, index)
 
-    def plan(self, batches):
+    def plan(self):
         graph = self.graph
         steps = []
-        for indices in batches:
-            first = graph.nodes[indices[0]]
-            node_type = graph.type_of[indices[0]]
+        for node_type, indices in rounds(graph):
+            example = self.example[node_type]
+            first = graph.nodes[example]
             shared = graph.shared_operand[node_type]
             operand_specs = graph.signatures[node_type][3:]
             step = Step()
             step.indices = indices
             step.row, step.attrs, step.spec = first.row, first.attrs, first.spec
-            step.operands = [self._operand(indices, position, is_shared,
-                                           operand_specs[position])
-                             for position, is_shared in enumerate(shared)]
-            step.per_instance = all(shared) or rule_for(first.row) is None
+            step.operands = [
+                self._operand(indices, example, position, is_shared,
+                              operand_specs[position])
+                for position, is_shared in enumerate(shared)]
+            step.every_operand_shared = all(shared)
             multi_output = first.row.multi_output
             step.outputs = []
             for output_spec in (first.spec if multi_output else (first.spec,)):
@@ -144,15 +191,16 @@ class _Planner:
             self.filled.append(0)
         return buffer
 
-    def _operand(self, indices, position, is_shared, operand_spec):
+    def _operand(self, indices, example, position, is_shared, operand_spec):
         all_operands = self.graph.operands
-        first = all_operands[indices[0]][position]
+        first = all_operands[example][position]
         if is_shared:
             return Operand(SHARED, value=first)
         if not isinstance(first, NodeOperand):   # Python lists, arrays, indices
             kind = _NUMPY_OF_PYTHON.get(operand_spec.python_type)
-            return Operand(VALUES, value=np.array(
-                [all_operands[index][position] for index in indices], dtype=kind))
+            values = np.array([all_operands[index][position] for index in indices]
+                              or [first], dtype=kind)
+            return Operand(VALUES, value=values[:len(indices)])
         buffer = self._buffer(operand_spec)
         size = self.filled[buffer]
         rows, externals = [], []

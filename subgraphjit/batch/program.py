@@ -27,6 +27,10 @@ from .rules import NoRule, gather_rows, rule_for
 # A compiled program is kept for this many distinct keys (least recently
 # used first out), so a run of ever-new shapes holds a bounded number.
 CAPACITY = 64
+# Programs of more steps run step by step: tracing costs about a millisecond
+# a step, and a graph of many node types (single ops rather than patterns)
+# has many empty steps in every round.
+MAX_STEPS = 400
 
 
 class _Entry:
@@ -50,7 +54,7 @@ class Programs:
     def function_for(self, program, compile_after, statistics):
         """The compiled function for ``program``, compiling it if its key has
         now been seen ``compile_after`` times; None: run it step by step."""
-        if not compile_after:
+        if not compile_after or len(program.steps) > MAX_STEPS:
             return None
         entry = self._entries.get(program.key)
         if entry is None:
@@ -127,7 +131,7 @@ def _compile(program):
         tables = {}   # (buffer, results in it) -> their concatenation
         for step in program.steps:
             values, shared, ranks, count = [], [], [], None
-            pattern = step.row.family == "pattern" and not step.per_instance
+            pattern = step.row.family == "pattern" and not step.every_operand_shared
             for operand in step.operands:
                 if operand.kind == SHARED:
                     value = operand.value
@@ -142,10 +146,9 @@ def _compile(program):
                     rank = len(operand.value.shape) - 1
                 else:
                     rows = next(row_arrays)
-                    table = _table(buffers, operand.buffer, tables)
+                    table = _table(program, buffers, operand.buffer, tables)
                     if operand.externals:
-                        table = next(extra) if table is None else tf.concat(
-                            [table, next(extra)], 0)
+                        table = tf.concat([table, next(extra)], 0)
                     value = (table, rows) if pattern else gather_rows(table, rows)
                     rank = len(program.buffers[operand.buffer].shape)
                 if count is None:
@@ -165,16 +168,19 @@ def _compile(program):
                        input_signature=signature).get_concrete_function()
 
 
-def _table(buffers, buffer, tables):
-    """Every result in ``buffer`` so far, as one tensor (None if empty);
-    operands of later steps reading it again reuse the concatenation."""
+def _table(program, buffers, buffer, tables):
+    """Every result in ``buffer`` so far, as one tensor; operands of later
+    steps reading it again reuse the concatenation."""
     parts = buffers[buffer]
-    if not parts:
-        return None
     key = (buffer, len(parts))
     table = tables.get(key)
     if table is None:
-        table = tables[key] = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+        if not parts:   # read by a step with no rows, or only from externals
+            spec = program.buffers[buffer]
+            table = tf.zeros((0, *spec.shape), spec.dtype)
+        else:
+            table = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+        tables[key] = table
     return table
 
 
@@ -182,27 +188,57 @@ def _run_step(step, values, shared, ranks, count):
     """The step's results, stacked over its instances (a list of them for
     a multi-output op)."""
     row, attrs = step.row, step.attrs
-    if step.per_instance:
-        results = [row.call([value if is_shared else value[instance]
-                             for value, is_shared in zip(values, shared)], attrs)
-                   for instance in range(len(step.indices))]
+    if step.every_operand_shared:   # count known: the key holds it
+        results = [row.call(values, attrs) for _ in step.indices]
         if row.multi_output:
             return [tf.stack(outputs) for outputs in zip(*results)]
         return tf.stack(results)
-    rule = rule_for(row)
-    output_spec = step.spec[0] if row.multi_output else step.spec
-    try:
-        return rule(row, attrs, values, shared, ranks, output_spec, count)
-    except NoRule:
-        if not any(shared):
-            raise
-    # The rule refuses a shared operand (a concat of each instance's row
-    # with the same zeros): give every instance the shared value as a row.
     pattern = row.family == "pattern"
-    values = [_as_rows(value, count, pattern) if is_shared else value
-              for value, is_shared in zip(values, shared)]
-    return rule(row, attrs, values, [False] * len(values), ranks, output_spec,
-                count)
+    rule = _traced_pattern if pattern else rule_for(row)
+    if rule is not None:
+        output_spec = step.spec[0] if row.multi_output else step.spec
+        try:
+            return rule(row, attrs, values, shared, ranks, output_spec, count)
+        except NoRule:
+            pass
+        if any(shared):
+            # The rule refuses a shared operand (a concat of each instance's
+            # row with the same zeros): give every instance the value as a row.
+            rows = [_as_rows(value, count, pattern) if is_shared else value
+                    for value, is_shared in zip(values, shared)]
+            try:
+                return rule(row, attrs, rows, [False] * len(rows), ranks,
+                            output_spec, count)
+            except NoRule:
+                pass
+    return _each_instance(step, values, shared, count, pattern)
+
+
+def _each_instance(step, values, shared, count, pattern):
+    """The op run once per instance, in a loop over the step's rows (their
+    number is known only when the program runs)."""
+    row, attrs = step.row, step.attrs
+    if pattern:   # (table, rows) pairs
+        values = [value if is_shared else gather_rows(*value)
+                  for value, is_shared in zip(values, shared)]
+    specs = step.spec if row.multi_output else [step.spec]
+    signature = [tf.TensorSpec(spec.shape, spec.dtype) for spec in specs]
+
+    def one(instance):
+        result = row.call([value if is_shared else value[instance]
+                           for value, is_shared in zip(values, shared)], attrs)
+        return list(result) if row.multi_output else [result]
+
+    results = tf.map_fn(one, tf.range(count), fn_output_signature=signature)
+    return results if row.multi_output else results[0]
+
+
+def _traced_pattern(row, attrs, values, shared, ranks, output_spec, count):
+    """The pattern batch rule, with the pattern's ops in the program's own
+    graph."""
+    if any(shared):
+        raise NoRule("a pattern argument is shared")
+    return row.pattern.traced(values)
 
 
 def _as_rows(value, count, pattern):
@@ -218,10 +254,12 @@ def run(program, function, graph, statistics):
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
     for step in program.steps:
-        statistics["batches"] += 1
-        statistics["batch_sizes"][len(step.indices)] += 1
-        if step.per_instance and len(step.indices) > 1:
-            statistics["unbatched"][f"{step.row.name}: no batch rule"] += len(step.indices)
+        if step.indices:
+            statistics["batches"] += 1
+            statistics["batch_sizes"][len(step.indices)] += 1
+            if rule_for(step.row) is None and len(step.indices) > 1:
+                statistics["unbatched"][f"{step.row.name}: no batch rule"] += \
+                    len(step.indices)
     for index, node in enumerate(graph.nodes):
         location = program.location(index)
         if location is not None:

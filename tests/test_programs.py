@@ -1,0 +1,144 @@
+"""Compiled programs (batch/plan.py, batch/program.py): an evaluation run as
+one compiled TensorFlow call gives eager TensorFlow's values, gradients and
+gradient types; a program compiled for one minibatch and reused on another
+gives that minibatch's results; errors still name the user's line.
+
+Programs are tested with patterns as units (the setting they are for): a
+first minibatch collects the patterns, later ones run compiled."""
+
+import sys
+
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as tf
+from subgraphjit.batch import plan as plans, program
+from subgraphjit.batch.graph import BatchGraph
+from subgraphjit.evaluate import unevaluated_ancestors
+from experiments.example_models import MODELS
+from gradients import assert_gradient_equal
+from test_batching import minibatch_loss_and_gradients
+
+
+@pytest.fixture
+def compiled():
+    """Patterns from the first minibatch on; every program compiled at its
+    first sighting."""
+    keys = ("compile", "granularity", "collect")
+    previous = [tf.get_parameter(key) for key in keys]
+    for key, value in zip(keys, (1, "subgraph", 1)):
+        tf.set_parameter(key, value)
+    tf.reset_patterns()
+    program.PROGRAMS.clear()
+    yield
+    for key, value in zip(keys, previous):
+        tf.set_parameter(key, value)
+    tf.reset_patterns()
+
+
+def assert_equals_eager(model, examples):
+    expected_loss, expected_gradients = minibatch_loss_and_gradients(
+        tensorflow, model, examples)
+    loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    for got, expected in zip(gradients, expected_gradients):
+        assert_gradient_equal(got, expected)
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_compiled_minibatches_equal_eager(model_name, compiled):
+    rng = np.random.default_rng(len(model_name))
+    model = MODELS[model_name](rng)
+    assert_equals_eager(model, model.random_examples(rng, 3))   # collect
+    tf.reset_stats()
+    for _ in range(2):
+        assert_equals_eager(model, model.random_examples(rng, 3))
+    assert tf.stats()["program_runs"] >= 2, tf.stats()
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_compiled_inference_equals_eager(model_name, compiled):
+    """No tape: the same programs, values only."""
+    rng = np.random.default_rng(len(model_name))
+    model = MODELS[model_name](rng)
+    for _ in range(2):   # collect, then compiled
+        examples = model.random_examples(rng, 3)
+        expected = [model.loss(tensorflow, e).numpy() for e in examples]
+        with tf.batching():
+            losses = [model.loss(tf, e) for e in examples]
+        np.testing.assert_allclose([float(loss) for loss in losses], expected,
+                                   rtol=1e-5)
+    assert tf.stats()["program_runs"] >= 1
+
+
+def relabelled(examples, rng, model):
+    """The same structures with other words and labels: the same program."""
+    def relabel(tree):
+        if isinstance(tree, int):
+            return int(rng.integers(model.vocabulary))
+        return (*tree[:-2], relabel(tree[-2]), relabel(tree[-1]))
+    return [(relabel(tree), int(rng.integers(model.classes)))
+            for tree, _ in examples]
+
+
+def test_a_program_reused_on_another_minibatch_gives_its_results(compiled):
+    rng = np.random.default_rng(11)
+    model = MODELS["tree_lstm"](rng)
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 5))  # collect
+    first = model.random_examples(rng, 5)
+    tf.reset_stats()
+    minibatch_loss_and_gradients(tf, model, first)
+    assert tf.stats()["programs_compiled"] == 1
+    tf.reset_stats()
+    assert_equals_eager(model, relabelled(first, rng, model))
+    stats = tf.stats()
+    assert stats["program_cache_hits"] == 1 and stats["programs_compiled"] == 0
+
+
+def test_programs_of_other_trees_share_a_key():
+    """Depth rounds widened to blocks: minibatches of different trees of
+    similar heights plan programs of one key (what makes compiling pay)."""
+    rng = np.random.default_rng(3)
+    model = MODELS["tree_lstm"](rng)
+    keys = set()
+    for _ in range(6):
+        examples = model.random_examples(rng, 8)
+        with tf.GradientTape():
+            loss = tf.add_n([model.loss(tf, e) for e in examples])
+            graph = BatchGraph(unevaluated_ancestors([loss]))
+            keys.add(plans.plan(graph).key)
+    assert len(keys) < 6
+
+
+def test_every_node_is_located_and_steps_read_only_earlier_rows():
+    rng = np.random.default_rng(4)
+    model = MODELS["lattice_lstm"](rng)
+    with tf.GradientTape():
+        loss = tf.add_n([model.loss(tf, e) for e in model.random_examples(rng, 4)])
+        graph = BatchGraph(unevaluated_ancestors([loss]))
+        program_ = plans.plan(graph)
+    written = [0] * len(program_.buffers)
+    for step in program_.steps:
+        for operand in step.operands:
+            if operand.kind == plans.ROWS:
+                assert all(row < written[operand.buffer] for row in operand.rows)
+        for buffer, offset in step.outputs:
+            assert offset == written[buffer]
+            written[buffer] += len(step.indices)
+    for index in range(len(graph)):
+        assert program_.location(index) is not None
+
+
+def test_errors_in_a_compiled_program_name_the_users_line(compiled):
+    table = tensorflow.constant(np.ones((3, 2), np.float32))
+    for attempt in range(2):   # compiled at the first, failing at the second
+        indices = [tf.identity([index]) for index in (0, 1, 7 if attempt else 2)]
+        lookups = [tf.gather(table, i) for i in indices]
+        line = sys._getframe().f_lineno - 1
+        if not attempt:
+            tf.build(lookups)
+            continue
+        with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
+            tf.build(lookups)
+        assert any(f"{__file__}:{line}" in note for note in raised.value.__notes__)
