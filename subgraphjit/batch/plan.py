@@ -1,18 +1,20 @@
 """Planning: an evaluation's graph becomes a program of steps over row arrays.
 
-Pure bookkeeping, no TensorFlow ops: ``plan(graph)`` turns the graph into
+Bookkeeping on integers, no TensorFlow ops: ``plan(graph)`` turns the graph into
 a ``Program``, which ``program.py`` runs as one compiled TensorFlow call.
 
 A compiled program pays off only if later minibatches reuse it, so its
 shape must not depend on the details of one minibatch's trees.  The
-program runs in *rounds*: round d runs every node at depth d (1 + its
-deepest operand), one step per node type, every type in every round (a
-step may have no rows) and the types in one fixed order (their stable
-names).  Inside a compiled call a step with no rows costs microseconds,
-not the tens of microseconds of an eager launch.  The number of rounds is
-rounded up (``ROUNDS``), so a program's ``key`` is the sorted node types
-and that bucket: minibatches of other trees, other sizes and other tree
-heights in the same bucket run one compiled program with other row arrays.
+program runs in *rounds*: round d runs the nodes at depth d (1 + their
+deepest operand), one step per node type, the types in one fixed order
+(their stable names).  A type met at one depth only (an input lookup, a
+final sum) has a step in that round; any other type has one in every
+round of the blocks of ``ROUNDS`` rounds its depths span, with no rows
+where it has no nodes.  A program's ``key`` is the sequence of step kinds,
+never rows or sizes: minibatches of other trees whose depths fall in the
+same blocks (a Tree-LSTM's heights, rounded up to four) run one compiled
+program with other row arrays.  Inside a compiled call a step with no
+rows costs microseconds, not the tens of microseconds of an eager launch.
 
 Every per-instance operand that is a recorded node reads rows of a
 *buffer*: the results of all earlier steps with the operand's spec,

@@ -1,17 +1,18 @@
 """Running a program as one compiled TensorFlow call.
 
 The whole forward of an evaluation -- every step's operand gathers, batch
-rules and compiled patterns -- is traced once into a tf.function per
+rules and patterns (their ops inline) -- is traced once into a tf.function per
 program key (``plan.py``) and called with the program's row arrays as
 tensors.  Under the user's GradientTape that is one recorded op, whose
 gradient TensorFlow derives from the function: the backward is one call
 too, and gradients keep their types (a variable's rows looked up inside
 give an IndexedSlices, as eagerly).
 
-Tracing costs far more than running a program step by step, so a key is
-compiled only once it recurs (the ``compile`` parameter says after how many
-sightings); until then, and for programs that cannot be traced (a batch
-rule refusing its operands), the step-by-step executor runs it.
+Tracing, and TensorFlow deriving the gradient graph at the first run
+under a tape, cost seconds for a program of a few thousand ops, so a key is
+compiled only once it has been seen ``compile`` times; until then, and for
+programs that cannot be traced (operands an op refuses in a graph), the
+step-by-step executor runs it.
 """
 
 import collections
@@ -72,8 +73,8 @@ class Programs:
                 entry.function = _compile(program)
                 statistics["programs_compiled"] += 1
             except (NoRule, ValueError, TypeError) as reason:
-                # A batch rule refusing its operands: this key runs step by
-                # step, where such a batch runs per instance.
+                # Operands an op refuses in a graph (a dtype TensorFlow
+                # converts only eagerly): this key runs step by step.
                 statistics["programs_not_compiled"][str(reason)] += 1
             statistics["compile_seconds"] += time.perf_counter() - started
         elif entry.function is not None:
