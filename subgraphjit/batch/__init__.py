@@ -6,7 +6,10 @@ duplicates), lets the chosen scheduler pick batches, and runs each batch as
 one op through the executor.  ``set_parameter("scheduler", "none")`` turns
 batching off (each node runs on its own, the reference behaviour).  With
 ``layout="pq"`` the rows of every batch are ordered first (layout.py) so
-that operands are slices of earlier results rather than gathers.
+that operands are slices of earlier results rather than gathers.  With the
+``compile`` parameter set, the graph is instead planned in depth rounds
+(plan.py) and run as one compiled call (program.py) once its program's key
+recurs.
 """
 
 import time
