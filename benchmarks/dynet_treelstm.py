@@ -1,15 +1,21 @@
 """The same Tree-LSTM in DyNet with autobatching, run by benchmarks/batching.py
-in a subprocess (DyNet reads its flags at import).  Prints one JSON line:
-sentences per second for training and for inference.
+and benchmarks/record_cost.py in a subprocess (DyNet reads its flags at
+import).  Prints one JSON line: sentences per second for training and for
+inference, or with ``--construction`` what building one minibatch's loss
+graph costs (the model's Python code included, nothing computed).
 
     python benchmarks/dynet_treelstm.py --dynet-autobatch 1 --batch-size 25
     (autobatch 1: agenda-based, 2: depth-based)
+    python benchmarks/dynet_treelstm.py --construction --batch-size 25
 """
 
 import argparse
+import ctypes
 import json
+import os
 import pathlib
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -24,6 +30,8 @@ def main():
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--embedding", type=int, default=300)
     parser.add_argument("--hidden", type=int, default=150)
+    parser.add_argument("--construction", action="store_true",
+                        help="time graph construction of the first minibatch")
     arguments, _ = parser.parse_known_args()  # --dynet-* flags are DyNet's
     import dynet as dy
 
@@ -62,8 +70,16 @@ def main():
     def logits(tree):
         return dy.affine_transform([output_bias, output_weight, encode(tree)[0]])
 
+    def build_loss(batch):
+        return dy.esum([dy.pickneglogsoftmax(logits(t), t.label)
+                        for t in batch]) / len(batch)
+
     batches = [trees[k:k + arguments.batch_size]
                for k in range(0, len(trees), arguments.batch_size)]
+    if arguments.construction:
+        print(json.dumps(construction_cost(dy, build_loss, batches[0],
+                                           arguments.passes)))
+        return
     speeds = {}
     for mode in ("train", "infer"):
         rates = []
@@ -72,8 +88,7 @@ def main():
             for batch in batches:
                 dy.renew_cg()
                 if mode == "train":
-                    loss = dy.esum([dy.pickneglogsoftmax(logits(t), t.label)
-                                    for t in batch]) / len(batch)
+                    loss = build_loss(batch)
                     loss.value()
                     loss.backward()
                     trainer.update()
@@ -84,6 +99,38 @@ def main():
             rates.append(len(trees) / (time.perf_counter() - started))
         speeds[mode] = sorted(rates)[len(rates) // 2]
     print(json.dumps(speeds))
+
+
+def construction_cost(dy, build_loss, batch, repeats):
+    """Microseconds per graph node to build ``batch``'s loss (median and
+    best of ``repeats``), and the nodes: those DyNet's graph prints."""
+    seconds = []
+    for _ in range(repeats):
+        dy.renew_cg()
+        started = time.perf_counter()
+        build_loss(batch)
+        seconds.append(time.perf_counter() - started)
+    nodes = _graph_nodes(dy)
+    per_node = sorted(second / nodes * 1e6 for second in seconds)
+    return {"nodes": nodes, "us_per_node_median": per_node[len(per_node) // 2],
+            "us_per_node_best": per_node[0]}
+
+
+def _graph_nodes(dy):
+    """Nodes of the current graph, from its Graphviz dump (DyNet's C++ writes
+    it to standard error and has no count of its own in Python)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+") as dump:
+        os.dup2(dump.fileno(), 2)
+        try:
+            dy.cg().print_graphviz()
+            ctypes.CDLL(None).fflush(None)   # C++ streams write through stdio
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        dump.seek(0)
+        return sum(1 for line in dump if '[label="' in line)
 
 
 if __name__ == "__main__":

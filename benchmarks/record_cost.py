@@ -7,14 +7,19 @@ divided by the ops recorded.
 
     python benchmarks/record_cost.py [--batch-sizes 25 256] [--repeats 5]
 
-DyNet builds its graph at about 0.5 microseconds per node on this machine
-(../shared/DESIGN.md); the target for subgraphjit is under 2.
+Beside it, in the same run, DyNet's cost to build the same model's graph
+for the same minibatch, per graph node, its Python model code included
+(benchmarks/dynet_treelstm.py in a subprocess, if ``dynet38`` is
+installed).  Issue 17's target for subgraphjit: 0.25 us per op.
 """
 
 import argparse
 import gc
+import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -80,6 +85,18 @@ def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
     return sizes
 
 
+def dynet_construction(batch_size, repeats):
+    """DyNet's microseconds per node (median) building this batch size's
+    first minibatch, or None without DyNet."""
+    if importlib.util.find_spec("dynet") is None:
+        return None
+    command = [sys.executable, str(pathlib.Path(__file__).with_name("dynet_treelstm.py")),
+               "--construction", "--batch-size", str(batch_size),
+               "--passes", str(repeats)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(output.stdout.strip().splitlines()[-1])["us_per_node_median"]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 256])
@@ -100,16 +117,21 @@ def main():
             per_op.append(elapsed / recorded * 1e6)
         rows.append((batch_size, recorded, np.median(per_op), min(per_op),
                      np.median(per_op) * recorded / 1e3,
+                     dynet_construction(batch_size, arguments.repeats),
                      *memory_per_op(model, batch, vocabulary, recorded)))
     print(f"{'batch':>5}  {'ops recorded':>12}  {'us/op (median)':>14}  "
-          f"{'us/op (best)':>12}  {'ms/minibatch':>12}  {'vs DyNet 0.5 us':>15}  "
-          f"{'bytes/op allocated':>18}  {'bytes/op resident':>17}")
-    for batch_size, recorded, median, best, total, traced, resident in rows:
+          f"{'us/op (best)':>12}  {'ms/minibatch':>12}  {'DyNet us/node':>13}  "
+          f"{'x DyNet':>7}  {'bytes/op allocated':>18}  {'bytes/op resident':>17}")
+    for (batch_size, recorded, median, best, total, dynet, traced,
+         resident) in rows:
+        versus = (f"{dynet:>13.2f}  {median / dynet:>6.1f}x" if dynet
+                  else f"{'n/a':>13}  {'':>7}")
         print(f"{batch_size:>5}  {recorded:>12}  {median:>14.2f}  {best:>12.2f}  "
-              f"{total:>12.1f}  {median / 0.5:>14.1f}x  {traced:>18.0f}  "
-              f"{resident:>17.0f}")
+              f"{total:>12.1f}  {versus}  {traced:>18.0f}  {resident:>17.0f}")
     print("(time of the user's Python model code plus recording, divided by "
-          "the ops recorded; nothing is evaluated)")
+          "the ops recorded; nothing is evaluated.  DyNet: the same model's "
+          "graph built for the same minibatch, per node, its Python code "
+          "included; n/a without `pip install dynet38`)")
 
 
 if __name__ == "__main__":
