@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import gc
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -204,10 +205,20 @@ class Context:
         self.pending = self.scopes[-1] if self.scopes else None
         if not self.scopes and self.collector_was_on:
             gc.enable()
+        # A node nothing else references (not the user, not a later node)
+        # can never be asked for its value, and no gradient reaches it, so
+        # it is dropped, not evaluated: evaluated in one batch with live
+        # nodes, a lookup of a variable's rows would add an entry to the
+        # variable's IndexedSlices gradient that eager TensorFlow has not.
+        # Newest first, so that dropping a node frees the operands only it
+        # read.  (References: the list's and getrefcount's argument.)
+        for position in range(len(recorded) - 1, -1, -1):
+            if sys.getrefcount(recorded[position]) == 2:
+                recorded[position] = None
         # Usually a build in the scope has evaluated nearly everything.
         # (``VirtualNode.evaluated`` inlined: every recorded node passes here.)
-        recorded = [node for node in recorded
-                    if node.result is None and node.batch is None]
+        recorded = [node for node in recorded if node is not None
+                    and node.result is None and node.batch is None]
         swallowed = self.swallowed
         if swallowed:
             recorded = [node for node in recorded if node.id not in swallowed

@@ -118,6 +118,23 @@ def test_lookups_of_a_variable_keep_one_gradient_entry_each(lookup):
     assert_gradient_equal(gradients[1], gradients[0])
 
 
+def test_nodes_nothing_references_are_not_evaluated():
+    """A result dropped in a scope (MV-RNN's matrix of a one-word tree) is
+    never computed: batched with the live lookup, the dropped lookup would
+    add an entry to the variable's gradient that eager TensorFlow has not."""
+    table = tensorflow.Variable(np.eye(4, dtype=np.float32))
+    gradients = []
+    for module in (tensorflow, tf):
+        tf.reset_stats()
+        with module.GradientTape() as tape:
+            kept = module.gather(table, [1]) * 2.0
+            module.gather(table, [3]) * 5.0   # dropped at once
+            total = module.reduce_sum(kept)
+        gradients.append(tape.gradient(total, table))
+    assert tf.stats()["nodes_evaluated"] == 3
+    assert_gradient_equal(gradients[1], gradients[0])
+
+
 def test_in_order_rows_are_sliced_and_others_gathered(step_by_step):
     x = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
     tf.reset_stats()
