@@ -106,12 +106,9 @@ class _Compiled:
         or the NoRule that prevents one.  Called directly, a concrete
         function skips tf.function's per-call signature matching."""
         try:
-            body = self.stacked_body([specs.spec(dtype, shape) for dtype, shape in key])
-
             def run_batched(*flat):
                 # ``flat``: each argument's table, then the rows to take from it.
-                return body([gather_rows(table, rows)
-                             for table, rows in zip(flat[::2], flat[1::2])])
+                return self.traced(list(zip(flat[::2], flat[1::2])))
 
             signature = []
             for dtype, shape in key:

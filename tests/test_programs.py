@@ -108,9 +108,9 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
     with tf.GradientTape():
         loss = tf.add_n([model.loss(tf, e) for e in model.random_examples(rng, 4)])
         graph = BatchGraph(unevaluated_ancestors([loss]))
-        program_ = plans.plan(graph)
-    written = [0] * len(program_.buffers)
-    for step in program_.steps:
+        planned = plans.plan(graph)
+    written = [0] * len(planned.buffers)
+    for step in planned.steps:
         for operand in step.operands:
             if operand.kind == plans.ROWS:
                 assert all(row < written[operand.buffer] for row in operand.rows)
@@ -118,7 +118,7 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
             assert offset == written[buffer]
             written[buffer] += len(step.indices)
     for index in range(len(graph)):
-        assert program_.location(index) is not None
+        assert planned.location(index) is not None
 
 
 def test_errors_in_a_compiled_program_name_the_users_line(compiled):

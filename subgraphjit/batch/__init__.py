@@ -19,7 +19,6 @@ import tensorflow as tf
 from . import layout, plan, program
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
-from .program import PROGRAMS
 from .schedulers import schedule
 
 
@@ -34,7 +33,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
     function = None
     if compile_after:
         the_program = plan.plan(graph)
-        function = PROGRAMS.function_for(the_program, compile_after, statistics)
+        function = program.PROGRAMS.function_for(the_program, compile_after, statistics)
     analysed = time.perf_counter()
     if function is not None:
         try:

@@ -14,9 +14,8 @@ import tensorflow as tf
 
 from ..patch.record import ACCESS, annotate
 from .graph import NodeOperand
+from .plan import NUMPY_OF_PYTHON
 from .rules import NoRule, gather_rows, rule_for
-
-_NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
 
 def _stacked(table, rows):
@@ -81,7 +80,7 @@ class Executor:
         operands = [all_operands[i][position] for i in indices]
         count = len(operands)
         if not isinstance(operands[0], NodeOperand):  # Python lists, arrays
-            kind = _NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
+            kind = NUMPY_OF_PYTHON.get(getattr(operand_spec, "python_type", None))
             return np.array(operands, dtype=kind), None
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.

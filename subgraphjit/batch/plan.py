@@ -28,14 +28,15 @@ import tensorflow as tf
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .graph import NodeOperand
-from .rules import rule_for
 from .schedulers import depths
 
 # Rounds are rounded up to a multiple of this: fewer distinct programs to
 # compile, for a few rounds of empty steps.
 ROUNDS = 4
 
-_NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
+# The NumPy type Python lists and numbers of each kind are stacked as (as
+# TensorFlow converts them where the op does not say otherwise).
+NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
 # Operand kinds of a step.
 SHARED = "shared"   # one value for every instance: a variable, tensor or number
@@ -199,7 +200,7 @@ class _Planner:
         if is_shared:
             return Operand(SHARED, value=first)
         if not isinstance(first, NodeOperand):   # Python lists, arrays, indices
-            kind = _NUMPY_OF_PYTHON.get(operand_spec.python_type)
+            kind = NUMPY_OF_PYTHON.get(operand_spec.python_type)
             values = np.array([all_operands[index][position] for index in indices]
                               or [first], dtype=kind)
             return Operand(VALUES, value=values[:len(indices)])

@@ -9,7 +9,6 @@ converting it to a tensor.
 
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 from .. import _native
