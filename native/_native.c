@@ -21,39 +21,11 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "native.h"
+
 /* -- VirtualNode ---------------------------------------------------------- */
 
-/* Not tracked by the cyclic collector (no Py_TPFLAGS_HAVE_GC, so no
- * tp_traverse): a recording scope holds hundreds of thousands of nodes, and
- * scanning them was a large part of recording's cost.  That is sound only
- * because nodes cannot form reference cycles through their fields:
- * - inputs and attrs hold values that existed when the node was recorded
- *   (earlier nodes, tensors, variables, Python values); the passes that
- *   rewrite inputs (pattern matching and fusion in search.py) replace them
- *   with earlier nodes only, so a node never reaches itself;
- * - row, spec and site are shared, long-lived values (an op-table row, an
- *   interned Spec, a code object and line) that do not refer to nodes;
- * - result and batch hold tensors (or lists of them), batch_row an int.
- * tests/test_native.py checks that freed graphs leave nothing behind. */
-typedef struct Node {
-    PyObject_HEAD
-    union {
-        long long id;               /* global, increasing: a topological order */
-        struct Node *next_release;  /* while queued in node_dealloc */
-    };
-    Py_ssize_t consumers;   /* nodes recorded with this one as an operand */
-    PyObject *row;          /* the op-table row (OpRow) */
-    PyObject *inputs;       /* operands: nodes, tensors, variables, values */
-    PyObject *attrs;        /* the op's other arguments, hashable */
-    PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
-    PyObject *result;       /* the tf.Tensor once evaluated, else None */
-    PyObject *site;         /* (code, line) of the user's call, or None */
-    PyObject *batch;        /* a batched result holding this node's value */
-    PyObject *batch_row;    /* ... as this row of it */
-    PyObject *weakrefs;
-} Node;
-
-static PyTypeObject *node_type;   /* VirtualNode */
+PyTypeObject *node_type;   /* VirtualNode */
 static long long next_id;          /* the id the next node gets */
 
 static Node *
@@ -562,6 +534,10 @@ PyInit__native(void)
     one = PyLong_FromLong(1);
     getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
+    if (add_analysis_functions(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
             || str_append == NULL || str_variable_spec == NULL
             || one == NULL || node_type == NULL

@@ -1,0 +1,44 @@
+/* What the C files of subgraphjit._native share: VirtualNode's storage. */
+#ifndef SUBGRAPHJIT_NATIVE_H
+#define SUBGRAPHJIT_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Not tracked by the cyclic collector (no Py_TPFLAGS_HAVE_GC, so no
+ * tp_traverse): a recording scope holds hundreds of thousands of nodes, and
+ * scanning them was a large part of recording's cost.  That is sound only
+ * because nodes cannot form reference cycles through their fields:
+ * - inputs and attrs hold values that existed when the node was recorded
+ *   (earlier nodes, tensors, variables, Python values); the passes that
+ *   rewrite inputs (pattern matching and fusion in search.py) replace them
+ *   with earlier nodes only, so a node never reaches itself;
+ * - row, spec and site are shared, long-lived values (an op-table row, an
+ *   interned Spec, a code object and line) that do not refer to nodes;
+ * - result and batch hold tensors (or lists of them), batch_row an int.
+ * tests/test_native.py checks that freed graphs leave nothing behind. */
+typedef struct Node {
+    PyObject_HEAD
+    union {
+        long long id;               /* global, increasing: a topological order */
+        struct Node *next_release;  /* while queued in node_dealloc */
+    };
+    Py_ssize_t consumers;   /* nodes recorded with this one as an operand */
+    PyObject *row;          /* the op-table row (OpRow) */
+    PyObject *inputs;       /* operands: nodes, tensors, variables, values */
+    PyObject *attrs;        /* the op's other arguments, hashable */
+    PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
+    PyObject *result;       /* the tf.Tensor once evaluated, else None */
+    PyObject *site;         /* (code, line) of the user's call, or None */
+    PyObject *batch;        /* a batched result holding this node's value */
+    PyObject *batch_row;    /* ... as this row of it */
+    PyObject *weakrefs;
+} Node;
+
+extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
+
+/* analysis.c: the batching analysis over integer arrays; adds its
+ * functions to the module (0, or -1 with an exception set). */
+int add_analysis_functions(PyObject *module);
+
+#endif
