@@ -15,29 +15,18 @@ import time
 
 import tensorflow as tf
 
-from . import batch, search
+from . import _native, batch, search
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .patch.node import VirtualNode
 from .patch.record import annotate
 
 
-def unevaluated_ancestors(targets):
-    """Every unevaluated node the targets depend on, in recording order."""
-    found = {}
-    stack = [node for node in targets
-             if type(node) is VirtualNode and not node.evaluated]
-    # ``evaluated`` is inlined below: this loop visits every recorded node.
-    while stack:
-        node = stack.pop()
-        if node.id in found:
-            continue
-        found[node.id] = node
-        for operand in node.inputs:
-            if type(operand) is VirtualNode and operand.result is None \
-                    and operand.batch is None and operand.id not in found:
-                stack.append(operand)
-    return [found[node_id] for node_id in sorted(found)]
+# Every unevaluated node the targets depend on, in recording order: a node
+# is unevaluated while its ``result`` and ``batch`` are None; operands that
+# are not VirtualNodes are skipped.  In C (``native/analysis.c``): this walk
+# visits every node of every evaluation.
+unevaluated_ancestors = _native.unevaluated_ancestors
 
 
 def run_node(node):
