@@ -209,17 +209,26 @@ class Pattern(_Compiled):
         """The per-instance output spec for these argument specs."""
         return self._propagate_specs(argument_specs)["v"]
 
+    @property
+    def captured_values(self):
+        """The shared parameters the source reads by name, in one order: a
+        compiled program passes them to ``stacked_body``'s function."""
+        return list(self.captured.values())
+
     def stacked_body(self, argument_specs):
         """The pattern as a function of its stacked arguments (a list), each
-        line through its op's batch rule."""
+        line through its op's batch rule; optionally given the values to use
+        for ``captured_values`` (a program's own stand-ins for them)."""
         steps, arguments, captured = self.steps, self.arguments, self.captured
         instance_specs = self._propagate_specs(argument_specs)
         variable_lookups = self.variable_lookups
 
-        def run_stacked(stacked):
+        def run_stacked(stacked, captured_values=None):
             count = tf.shape(stacked[0])[0]
             values = dict(zip(arguments, stacked))   # stacked per-instance values
-            shared_values = dict(captured)           # one value for all instances
+            # One value for all instances.
+            shared_values = (dict(captured) if captured_values is None
+                             else dict(zip(captured, captured_values)))
             for step in steps:
                 operands, shared, ranks = [], [], []
                 for kind, name in step.operands:
@@ -323,11 +332,19 @@ class FusedPattern(_Compiled):
         consume = self.consumer.stacked_body(self._consumer_arguments(
             argument_specs, self.producer.output_spec(producer_specs)))
 
-        def run_stacked(stacked):
-            outputs = produce(stacked[:producer_count])
-            return (*outputs, consume(self._consumer_arguments(stacked, outputs)))
+        def run_stacked(stacked, captured_values=None):
+            split = len(self.producer.captured)
+            mine, theirs = ((None, None) if captured_values is None else
+                            (captured_values[:split], captured_values[split:]))
+            outputs = produce(stacked[:producer_count], mine)
+            return (*outputs, consume(self._consumer_arguments(stacked, outputs),
+                                      theirs))
 
         return run_stacked
+
+    @property
+    def captured_values(self):
+        return self.producer.captured_values + self.consumer.captured_values
 
 
 def _spec_key(value):

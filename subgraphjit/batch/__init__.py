@@ -30,20 +30,20 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
     batches run one by one."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
-    function = None
-    if compile_after:
-        the_program = plan.plan(graph)
-        function = program.PROGRAMS.function_for(the_program, compile_after, statistics)
+    batches = schedule(graph, scheduler)
+    compiled = None
+    if compile_after and batches:
+        the_program = plan.plan(graph, batches)
+        compiled = program.PROGRAMS.compiled_for(the_program, compile_after, statistics)
     analysed = time.perf_counter()
-    if function is not None:
+    if compiled is not None:
         try:
-            program.run(the_program, function, graph, statistics)
+            program.run(the_program, compiled, graph, statistics)
         except tf.errors.OpError:
             # A bad value in some instance: run step by step, whose error
             # names the instance's own line.
-            function = None
-    if function is None:
-        batches = schedule(graph, scheduler)
+            compiled = None
+    if compiled is None:
         if row_layout == "pq":
             planning = time.perf_counter()
             batches = order_rows(graph, batches)

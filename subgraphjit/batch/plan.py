@@ -1,25 +1,22 @@
-"""Planning: an evaluation's graph becomes a program of steps over row arrays.
+"""Planning: an evaluation's batches become a program over row buffers.
 
-Bookkeeping on integers, no TensorFlow ops: ``plan(graph)`` turns the graph into
-a ``Program``, which ``program.py`` runs as one compiled TensorFlow call.
+Bookkeeping on integers, no TensorFlow ops: ``plan(graph, batches)`` turns the
+scheduler's batches into a ``Program``, which ``program.py`` runs as one
+compiled TensorFlow call (and one for its backward).
 
-A compiled program pays off only if later minibatches reuse it, so its
-shape must not depend on the details of one minibatch's trees.  The
-program runs in *rounds*: round d runs the nodes at depth d (1 + their
-deepest operand), one step per node type, the types in one fixed order
-(their stable names).  A type met at one depth only (an input lookup, a
-final sum) has a step in that round; any other type has one in every
-round of the blocks of ``ROUNDS`` rounds its depths span, with no rows
-where it has no nodes.  A program's ``key`` is the sequence of step kinds,
-never rows or sizes: minibatches of other trees whose depths fall in the
-same blocks (a Tree-LSTM's heights, rounded up to four) run one compiled
-program with other row arrays.  Inside a compiled call a step with no
-rows costs microseconds, not the tens of microseconds of an eager launch.
+Every per-instance value lives in a *buffer*, one per (dtype, row shape):
+the results of the steps, in step order, followed by the program's inputs
+(the values of nodes evaluated in an earlier evaluation, and Python lists
+stacked).  A step is one batch: a node *kind* (op or pattern, attributes,
+which operands are shared and which are rows of which buffer), the number of
+instances, where each per-instance operand's rows start in one flat row
+array, and where its outputs' rows start in their buffers (each output's
+rows are consecutive).
 
-Every per-instance operand that is a recorded node reads rows of a
-*buffer*: the results of all earlier steps with the operand's spec,
-concatenated in step order, followed by the values of any operand nodes
-evaluated in an earlier evaluation.
+A compiled program pays off only if later minibatches reuse it, so what it
+is compiled for -- the ``key`` -- holds the kinds and the buffers' specs,
+never the steps' order, counts or rows: those are the program's arguments.
+The Tree-LSTM's minibatches of any trees run one compiled program.
 """
 
 import numpy as np
@@ -28,11 +25,6 @@ import tensorflow as tf
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .graph import NodeOperand
-from .schedulers import depths
-
-# Rounds are rounded up to a multiple of this: fewer distinct programs to
-# compile, for a few rounds of empty steps.
-ROUNDS = 4
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as
 # TensorFlow converts them where the op does not say otherwise).
@@ -40,189 +32,174 @@ NUMPY_OF_PYTHON = {int: np.int32, float: np.float32, bool: np.bool_}
 
 # Operand kinds of a step.
 SHARED = "shared"   # one value for every instance: a variable, tensor or number
-VALUES = "values"   # Python lists or arrays, one per instance, stacked
-ROWS = "rows"       # recorded nodes: rows of a buffer
+ROWS = "rows"       # one row per instance, of a buffer
 
 
-class Operand:
-    """One operand position of a step.  ``value``: the shared value, or the
-    stacked Python values; ``buffer``, ``rows``, ``externals``: for ROWS,
-    the buffer read, the row of each instance in it, and the nodes of
-    earlier evaluations appended to it (their rows follow the buffer's)."""
+class Kind:
+    """What the steps of one node type run: ``row`` with ``attrs``;
+    ``operands``, per position, (SHARED, value) or (ROWS, buffer);
+    ``outputs``, the buffer of each output."""
 
-    __slots__ = ("kind", "value", "buffer", "rows", "externals")
-
-    def __init__(self, kind, value=None, buffer=None, rows=None, externals=()):
-        self.kind = kind
-        self.value = value
-        self.buffer = buffer
-        self.rows = rows
-        self.externals = externals
+    __slots__ = ("row", "attrs", "spec", "operands", "outputs", "name")
 
     def key(self):
-        """What a compiled program depends on: kinds, specs and the numbers
-        and variables it holds as constants, never rows or tensor values."""
-        if self.kind == SHARED:
-            value = self.value
-            if is_variable(value):
-                return (SHARED, "variable", id(value))   # kept alive by the cache
-            if isinstance(value, tf.Tensor):
-                return (SHARED, "tensor", value.dtype, tuple(value.shape))
-            return (SHARED, type(value), value)
-        if self.kind == VALUES:
-            return (VALUES, self.value.dtype.str, self.value.shape[1:])
-        return (ROWS, self.buffer, bool(self.externals))
-
-
-class Step:
-    """Some nodes of one type: ``indices`` (graph nodes, one per instance,
-    perhaps none) running ``row`` with ``attrs``.  ``every_operand_shared``:
-    the step runs once per instance (its count is part of the key);
-    ``outputs``: (buffer, offset) of each output."""
-
-    __slots__ = ("indices", "row", "attrs", "spec", "operands",
-                 "every_operand_shared", "outputs")
-
-    def key(self):
+        """What a compiled program depends on: never rows or tensor values."""
+        operands = []
+        for kind, value in self.operands:
+            if kind == ROWS:
+                operands.append((ROWS, value))
+            elif is_variable(value):
+                operands.append((SHARED, "variable", id(value)))  # kept alive by the cache
+            elif isinstance(value, tf.Tensor):
+                operands.append((SHARED, "tensor", value.dtype, tuple(value.shape)))
+            else:
+                operands.append((SHARED, type(value), value))
         return (self.row, self.attrs, tuple(map(type, self.attrs)),
-                tuple(operand.key() for operand in self.operands),
-                len(self.indices) if self.every_operand_shared else None)
+                tuple(operands), tuple(self.outputs))
 
 
 class Program:
-    """``steps`` in order; ``buffers``: the spec of each buffer; ``key``:
-    equal for programs that one compiled function runs."""
+    """``kinds`` and ``buffers`` (the (dtype, row shape) of each; both in a
+    fixed order, so that equal keys mean equal programs); per step, its
+    kind, instance count, operand row starts and output row starts;
+    ``rows``: every per-instance operand's rows, flat; per buffer, how many
+    rows the steps compute (``computed``) and the inputs that follow them
+    (``input_nodes``, ``input_values``)."""
 
-    def __init__(self, steps, buffers, locations):
-        self.steps = steps
+    def __init__(self, kinds, buffers):
+        self.kinds = kinds
         self.buffers = buffers
-        self._locations = locations
-        self.key = (tuple(buffers), tuple(step.key() for step in steps))
+        self.key = (tuple(buffers), tuple(kind.key() for kind in kinds))
+        self.step_kinds, self.counts, self.starts, self.output_starts = [], [], [], []
+        self.rows = []
+        self.computed = [0] * len(buffers)
+        self.input_values = [[] for _ in buffers]   # Python values, stacked first
+        self.input_nodes = [[] for _ in buffers]    # then earlier evaluations' nodes
+        self.locations = None
 
     def location(self, index):
         """(buffer, row) of graph node ``index``'s result (a list of them for
         a multi-output node); None for a node no step ran."""
-        return self._locations[index]
+        return self.locations[index]
 
 
-def plan(graph):
-    """The program computing every node of ``graph`` in depth rounds."""
-    return _Planner(graph).plan()
+def plan(graph, batches):
+    """The program running ``batches`` (lists of graph indices, one node
+    type each, in an order that respects dependencies)."""
+    types = sorted({graph.type_of[batch[0]] for batch in batches},
+                   key=graph.type_names.__getitem__)
+    first_of_type = {graph.type_of[batch[0]]: batch[0] for batch in reversed(batches)}
+    specs = set()
+    for node_type in types:
+        example = first_of_type[node_type]
+        specs.update(_output_specs(graph.nodes[example]))
+        signature = graph.signatures[node_type]
+        for position, is_shared in enumerate(graph.shared_operand[node_type]):
+            if not is_shared:
+                specs.add(_buffer_spec(signature[3 + position]))
+    buffers = sorted(specs, key=lambda spec: (spec[0].name, spec[1]))
+    buffer_of = {spec: number for number, spec in enumerate(buffers)}
+    kinds, kind_of_type = [], {}
+    for node_type in types:
+        example = first_of_type[node_type]
+        node = graph.nodes[example]
+        signature = graph.signatures[node_type]
+        kind = Kind()
+        kind.row, kind.attrs, kind.spec = node.row, node.attrs, node.spec
+        kind.name = graph.type_names[node_type]
+        kind.operands = [
+            (SHARED, graph.operands[example][position]) if is_shared
+            else (ROWS, buffer_of[_buffer_spec(signature[3 + position])])
+            for position, is_shared in enumerate(graph.shared_operand[node_type])]
+        kind.outputs = [buffer_of[spec] for spec in _output_specs(node)]
+        kind_of_type[node_type] = len(kinds)
+        kinds.append(kind)
+    program = Program(kinds, buffers)
+    for batch in batches:   # the steps' results come first in each buffer
+        for buffer in kinds[kind_of_type[graph.type_of[batch[0]]]].outputs:
+            program.computed[buffer] += len(batch)
+    _Filler(graph, program, kind_of_type).fill(batches)
+    return program
 
 
-def rounds(graph):
-    """(node type, graph indices) of each step: per round, in the order of
-    their stable names, every type whose depths span that round, the span
-    widened to multiples of ``ROUNDS`` (see the module docstring)."""
-    depth = depths(graph)
-    first, last = {}, {}
-    for index, node_type in enumerate(graph.type_of):
-        if node_type >= 0:
-            d = depth[index]
-            first[node_type] = min(first.get(node_type, d), d)
-            last[node_type] = max(last.get(node_type, d), d)
-    types = sorted(first, key=graph.type_names.__getitem__)
-    count = -(-max(last.values(), default=0) // ROUNDS) * ROUNDS
-    members = [[[] for _ in graph.signatures] for _ in range(count + 1)]
-    for index, node_type in enumerate(graph.type_of):
-        if node_type >= 0:
-            members[depth[index]][node_type].append(index)
-    steps = []
-    for d in range(1, count + 1):
-        for node_type in types:
-            # A type met at one depth only (an input, a final sum) keeps to
-            # it; others span whole blocks of rounds.
-            if first[node_type] == last[node_type]:
-                spanned = d == first[node_type]
-            else:
-                spanned = ((first[node_type] - 1) // ROUNDS * ROUNDS < d
-                           <= -(-last[node_type] // ROUNDS) * ROUNDS)
-            if spanned:
-                steps.append((node_type, members[d][node_type]))
-    return steps
+def _output_specs(node):
+    specs = node.spec if node.row.multi_output else (node.spec,)
+    return [_buffer_spec(spec) for spec in specs]
 
 
-class _Planner:
-    def __init__(self, graph):
-        self.graph = graph
-        self.buffers = []            # spec of each buffer
-        self.buffer_of_spec = {}
-        self.filled = []             # rows written to each buffer so far
-        # Per graph index: (buffer, row) of its result, a list of them for a
-        # multi-output node, None while (or if never) computed.
+def _buffer_spec(spec):
+    """(dtype, row shape) of a value's buffer; Python values are stacked as
+    NUMPY_OF_PYTHON says."""
+    if spec.python_type is not None:
+        return tf.as_dtype(NUMPY_OF_PYTHON[spec.python_type]), spec.shape
+    return spec.dtype, spec.shape
+
+
+class _Filler:
+    """Steps' arrays, inputs and every node's place."""
+
+    def __init__(self, graph, program, kind_of_type):
+        self.graph, self.program, self.kind_of_type = graph, program, kind_of_type
+        self.filled = [0] * len(program.buffers)   # computed rows placed so far
+        self.input_row = {}   # id of an earlier evaluation's node -> its row
         self.locations = [None] * len(graph)
-        # A node of each type, whose operands tell those of an empty step.
-        self.example = {}
-        for index, node_type in enumerate(graph.type_of):
-            if node_type >= 0:
-                self.example.setdefault(node_type, index)
 
-    def plan(self):
-        graph = self.graph
-        steps = []
-        for node_type, indices in rounds(graph):
-            example = self.example[node_type]
-            first = graph.nodes[example]
-            shared = graph.shared_operand[node_type]
-            operand_specs = graph.signatures[node_type][3:]
-            step = Step()
-            step.indices = indices
-            step.row, step.attrs, step.spec = first.row, first.attrs, first.spec
-            step.operands = [
-                self._operand(indices, example, position, is_shared,
-                              operand_specs[position])
-                for position, is_shared in enumerate(shared)]
-            step.every_operand_shared = all(shared)
-            multi_output = first.row.multi_output
-            step.outputs = []
-            for output_spec in (first.spec if multi_output else (first.spec,)):
-                buffer = self._buffer(output_spec)
-                step.outputs.append((buffer, self.filled[buffer]))
-                self.filled[buffer] += len(indices)
-            for row, index in enumerate(indices):
-                places = [(buffer, offset + row) for buffer, offset in step.outputs]
+    def fill(self, batches):
+        graph, program = self.graph, self.program
+        width = max((len(kind.operands) for kind in program.kinds), default=0)
+        outputs_width = max(len(kind.outputs) for kind in program.kinds)
+        for batch in batches:
+            kind_number = self.kind_of_type[graph.type_of[batch[0]]]
+            kind = program.kinds[kind_number]
+            starts = [0] * width
+            for position, (operand_kind, buffer) in enumerate(kind.operands):
+                if operand_kind == ROWS:
+                    starts[position] = len(program.rows)
+                    program.rows.extend(self._rows(batch, position, buffer))
+            output_starts = [0] * outputs_width
+            multi_output = kind.row.multi_output
+            for number, buffer in enumerate(kind.outputs):
+                output_starts[number] = self.filled[buffer]
+                self.filled[buffer] += len(batch)
+            for offset, index in enumerate(batch):
+                places = [(buffer, output_starts[number] + offset)
+                          for number, buffer in enumerate(kind.outputs)]
                 self.locations[index] = places if multi_output else places[0]
-            steps.append(step)
+            program.step_kinds.append(kind_number)
+            program.counts.append(len(batch))
+            program.starts.append(starts)
+            program.output_starts.append(output_starts)
         self._locate_the_rest()
-        return Program(steps, self.buffers, self.locations)
+        program.locations = self.locations
 
-    def _buffer(self, spec):
-        buffer = self.buffer_of_spec.get(spec)
-        if buffer is None:
-            buffer = self.buffer_of_spec[spec] = len(self.buffers)
-            self.buffers.append(spec)
-            self.filled.append(0)
-        return buffer
-
-    def _operand(self, indices, example, position, is_shared, operand_spec):
-        all_operands = self.graph.operands
-        first = all_operands[example][position]
-        if is_shared:
-            return Operand(SHARED, value=first)
-        if not isinstance(first, NodeOperand):   # Python lists, arrays, indices
-            kind = NUMPY_OF_PYTHON.get(operand_spec.python_type)
-            values = np.array([all_operands[index][position] for index in indices]
-                              or [first], dtype=kind)
-            return Operand(VALUES, value=values[:len(indices)])
-        buffer = self._buffer(operand_spec)
-        size = self.filled[buffer]
-        rows, externals = [], []
-        for index in indices:
+    def _rows(self, batch, position, buffer):
+        """The row of each instance's operand at ``position`` in ``buffer``;
+        an input's as ("value" or "node", buffer, its number among them),
+        made a row once all inputs are known (``_locate_the_rest``)."""
+        all_operands, program = self.graph.operands, self.program
+        rows = []
+        for index in batch:
             operand = all_operands[index][position]
-            if operand.index >= 0:
+            if not isinstance(operand, NodeOperand):   # a Python list or array
+                rows.append(("value", buffer, len(program.input_values[buffer])))
+                program.input_values[buffer].append(operand)
+            elif operand.index >= 0:
                 location = self.locations[operand.index]
                 rows.append((location if operand.pick is None
                              else location[operand.pick])[1])
-            else:   # evaluated earlier: its value follows the buffer's rows
-                rows.append(size + len(externals))
-                externals.append(operand.node)
-        return Operand(ROWS, buffer=buffer, rows=np.array(rows, np.int32),
-                       externals=externals)
+            else:                                      # evaluated earlier
+                number = self.input_row.get(id(operand.node))
+                if number is None:
+                    number = self.input_row[id(operand.node)] = len(
+                        program.input_nodes[buffer])
+                    program.input_nodes[buffer].append(operand.node)
+                rows.append(("node", buffer, number))
+        return rows
 
     def _locate_the_rest(self):
         """Duplicates share their canonical node's place; an access node has
-        its multi-output node's output's."""
-        graph, locations = self.graph, self.locations
+        its multi-output node's output's; inputs get their final rows."""
+        graph, locations, program = self.graph, self.locations, self.program
         for index, node in enumerate(graph.nodes):
             if locations[index] is not None:
                 continue
@@ -233,3 +210,10 @@ class _Planner:
                         node.attrs[0]]
             else:
                 locations[index] = locations[graph.duplicate_of[index]]
+        # Input rows: after the computed rows, Python values then nodes.
+        for place, row in enumerate(program.rows):
+            if type(row) is tuple:
+                what, buffer, number = row
+                if what == "node":
+                    number += len(program.input_values[buffer])
+                program.rows[place] = program.computed[buffer] + number

@@ -1,18 +1,27 @@
-"""Running a program as one compiled TensorFlow call.
+"""Running a program as one compiled TensorFlow call, and its backward as one.
 
-The whole forward of an evaluation -- every step's operand gathers, batch
-rules and patterns (their ops inline) -- is traced once into a tf.function per
-program key (``plan.py``) and called with the program's row arrays as
-tensors.  Under the user's GradientTape that is one recorded op, whose
-gradient TensorFlow derives from the function: the backward is one call
-too, and gradients keep their types (a variable's rows looked up inside
-give an IndexedSlices, as eagerly).
+The forward is a ``tf.while_loop`` over the program's steps: each iteration
+picks the step's kind (``tf.switch_case``), gathers its operands' rows from
+the buffers, runs the kind's batch rule or pattern on them, and writes its
+results' rows.  Shapes are dynamic, so one trace serves every minibatch
+whose program has the same key (``plan.py``): the steps' kinds, counts and
+rows are arguments.
 
-Tracing, and TensorFlow deriving the gradient graph at the first run
-under a tape, cost seconds for a program of a few thousand ops, so a key is
-compiled only once it has been seen ``compile`` times; until then, and for
-programs that cannot be traced (operands an op refuses in a graph), the
-step-by-step executor runs it.
+TensorFlow would differentiate the loop by saving every iteration's
+intermediates and scattering every gradient into a dense copy of a whole
+buffer, iteration by iteration; that costs more than the forward.  So the
+program brings its own backward, also one call: a loop over the steps in
+reverse that recomputes each step from the saved buffers (every row is
+written once, so the final buffers hold every step's operands), takes the
+step's local gradient with a GradientTape inside the trace, and adds the
+operands' gradients into adjoint buffers.  Gradients of shared operands are
+summed over the steps, except rows of a variable looked up (``tf.gather``,
+embedding lookups), which are kept as entries, so the variable's gradient is
+the IndexedSlices eager TensorFlow gives, with an entry per lookup.
+
+``tf.custom_gradient`` joins the two to the user's tape: the forward call
+reads the variables and shared tensors as plain inputs, unwatched, so the
+tape records one op whose gradient is the backward call.
 """
 
 import collections
@@ -21,25 +30,22 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from ..patch import spec as specs
 from ..patch.spec import is_variable
-from .plan import ROWS, SHARED, VALUES
-from .rules import NoRule, gather_rows, rule_for
+from .plan import ROWS, SHARED
+from .rules import NoRule, rule_for
 
 # A compiled program is kept for this many distinct keys (least recently
 # used first out), so a run of ever-new shapes holds a bounded number.
 CAPACITY = 64
-# Programs of more steps run step by step: tracing costs about a millisecond
-# a step, and a graph of many node types (single ops rather than patterns)
-# has many empty steps in every round.
-MAX_STEPS = 400
 
 
 class _Entry:
-    __slots__ = ("sightings", "function", "program")
+    __slots__ = ("sightings", "compiled", "program")
 
     def __init__(self):
         self.sightings = 0
-        self.function = None   # the concrete function, once compiled
+        self.compiled = None   # the _Compiled, once compiled
         self.program = None    # the program traced (keeps its variables alive)
 
 
@@ -52,10 +58,10 @@ class Programs:
     def clear(self):
         self._entries.clear()
 
-    def function_for(self, program, compile_after, statistics):
-        """The compiled function for ``program``, compiling it if its key has
-        now been seen ``compile_after`` times; None: run it step by step."""
-        if not compile_after or len(program.steps) > MAX_STEPS:
+    def compiled_for(self, program, compile_after, statistics):
+        """The compiled form of ``program``, compiling it if its key has now
+        been seen ``compile_after`` times; None: run it step by step."""
+        if not compile_after:
             return None
         entry = self._entries.get(program.key)
         if entry is None:
@@ -65,202 +71,451 @@ class Programs:
         else:
             self._entries.move_to_end(program.key)
         entry.sightings += 1
-        if entry.function is None and entry.sightings >= compile_after \
+        if entry.compiled is None and entry.sightings >= compile_after \
                 and entry.program is None:
             started = time.perf_counter()
             entry.program = program
             try:
-                entry.function = _compile(program)
+                entry.compiled = _Compiled(program)
                 statistics["programs_compiled"] += 1
             except (NoRule, ValueError, TypeError) as reason:
                 # Operands an op refuses in a graph (a dtype TensorFlow
                 # converts only eagerly): this key runs step by step.
                 statistics["programs_not_compiled"][str(reason)] += 1
             statistics["compile_seconds"] += time.perf_counter() - started
-        elif entry.function is not None:
+        elif entry.compiled is not None:
             statistics["program_cache_hits"] += 1
-        return entry.function
+        return entry.compiled
 
 
 PROGRAMS = Programs()
 
 
-def arguments(program):
-    """The compiled function's arguments for this program: every ROWS
-    operand's rows packed into one array with their lengths, then the
-    stacked Python values, shared tensors and earlier evaluations' values,
-    in step order."""
-    rows, extra = [], []
-    for step in program.steps:
-        for operand in step.operands:
-            if operand.kind == ROWS:
-                rows.append(operand.rows)
-                if operand.externals:
-                    extra.append(tf.stack([node.value() for node in operand.externals]))
-            elif operand.kind == VALUES:
-                extra.append(tf.constant(operand.value))
-            elif isinstance(operand.value, tf.Tensor):
-                extra.append(operand.value)
-    packed = np.concatenate(rows) if rows else np.zeros(0, np.int32)
-    lengths = np.array([len(r) for r in rows], np.int32)
-    return [tf.constant(packed), tf.constant(lengths), *extra]
+class _Shared:
+    """The shared values a program reads, as its arguments: each distinct
+    variable (read once per call) and tensor, then each pattern's captured
+    parameters.  ``places[kind]``: per shared operand position (or per
+    captured parameter of a pattern), the argument number."""
+
+    def __init__(self, program):
+        self.values, self._number = [], {}
+        self.places = []
+        for kind in program.kinds:
+            places = {}
+            for position, (operand_kind, value) in enumerate(kind.operands):
+                if operand_kind == SHARED and _is_tensor(value):
+                    places[position] = self._add(value)
+            if kind.row.family == "pattern":
+                places["captured"] = [self._add(value)
+                                      for value in kind.row.pattern.captured_values]
+            self.places.append(places)
+        self.variables = [value for value in self.values if is_variable(value)]
+
+    def _add(self, value):
+        number = self._number.get(id(value))
+        if number is None:
+            number = self._number[id(value)] = len(self.values)
+            self.values.append(value)
+        return number
 
 
-def _compile(program):
-    """Trace ``program`` into a concrete function of ``arguments(program)``
-    returning each buffer (every step's results of one spec, in order)."""
-    signature = [tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None,), tf.int32)]
-    rows_operands = 0
-    for step in program.steps:
-        for operand in step.operands:
-            if operand.kind == ROWS:
-                rows_operands += 1
-                if operand.externals:
-                    spec = program.buffers[operand.buffer]
-                    signature.append(tf.TensorSpec((None, *spec.shape), spec.dtype))
-            elif operand.kind == VALUES:
-                signature.append(tf.TensorSpec((None, *operand.value.shape[1:]),
-                                               tf.as_dtype(operand.value.dtype)))
-            elif isinstance(operand.value, tf.Tensor):
-                signature.append(tf.TensorSpec(operand.value.shape, operand.value.dtype))
-
-    def run_program(packed_rows, lengths, *extra):
-        row_arrays = iter(tf.split(packed_rows, lengths, num=rows_operands)
-                          if rows_operands else ())
-        extra = iter(extra)
-        buffers = [[] for _ in program.buffers]
-        tables = {}   # (buffer, results in it) -> their concatenation
-        for step in program.steps:
-            values, shared, ranks, count = [], [], [], None
-            pattern = step.row.family == "pattern" and not step.every_operand_shared
-            for operand in step.operands:
-                if operand.kind == SHARED:
-                    value = operand.value
-                    if isinstance(value, tf.Tensor) and not is_variable(value):
-                        value = next(extra)
-                    values.append(value)
-                    shared.append(True)
-                    ranks.append(len(getattr(value, "shape", ())))
-                    continue
-                if operand.kind == VALUES:
-                    value = next(extra)
-                    rank = len(operand.value.shape) - 1
-                else:
-                    rows = next(row_arrays)
-                    table = _table(program, buffers, operand.buffer, tables)
-                    if operand.externals:
-                        table = tf.concat([table, next(extra)], 0)
-                    value = (table, rows) if pattern else gather_rows(table, rows)
-                    rank = len(program.buffers[operand.buffer].shape)
-                if count is None:
-                    count = tf.shape(value[1] if pattern else value)[0]
-                values.append(value)
-                shared.append(False)
-                ranks.append(rank)
-            results = _run_step(step, values, shared, ranks, count)
-            if not step.row.multi_output:
-                results = [results]
-            for (buffer, _), result in zip(step.outputs, results):
-                buffers[buffer].append(result)
-        return [parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-                for parts in buffers]
-
-    return tf.function(run_program, autograph=False,
-                       input_signature=signature).get_concrete_function()
+def _scratch(shape, dtype):
+    """A program's own variable: rows written in place."""
+    return tf.Variable(tf.zeros([0 if size is None else size for size in shape], dtype),
+                       shape=tf.TensorShape(shape), trainable=False)
 
 
-def _table(program, buffers, buffer, tables):
-    """Every result in ``buffer`` so far, as one tensor; operands of later
-    steps reading it again reuse the concatenation."""
-    parts = buffers[buffer]
-    key = (buffer, len(parts))
-    table = tables.get(key)
-    if table is None:
-        if not parts:   # read by a step with no rows, or only from externals
-            spec = program.buffers[buffer]
-            table = tf.zeros((0, *spec.shape), spec.dtype)
+def _zeros(count, shape, dtype):
+    return tf.zeros(tf.concat([[count], tf.constant(shape, tf.int32)], 0), dtype)
+
+
+def _span(start, count):
+    return tf.range(start, start + count)
+
+
+def _numbers(places):
+    """Every shared-argument number in a kind's ``places``."""
+    for key, number in places.items():
+        yield from (number if key == "captured" else (number,))
+
+
+def _is_tensor(value):
+    return is_variable(value) or isinstance(value, tf.Tensor)
+
+
+def _trainable(dtype):
+    return dtype.is_floating or dtype.is_complex
+
+
+class _Compiled:
+    """The forward and backward concrete functions of one program key.
+
+    Buffers live in variables of the program's own (not trainable, so no
+    tape watches them): a step writes its rows in place
+    (``scatter_update``), where a tensor's update would copy the whole
+    buffer at every step.  The loops run one step at a time
+    (``parallel_iterations=1``), so every read sees the writes before it.
+    A program runs one call at a time."""
+
+    def __init__(self, program):
+        self.kinds, self.buffers = program.kinds, program.buffers
+        self.shared = _Shared(program)
+        # Rows of a variable each kind looks up: their gradients stay entries.
+        self.sparse = sorted({
+            number for kind, places in zip(self.kinds, self.shared.places)
+            for number in _looked_up(kind, places)
+            if is_variable(self.shared.values[number])
+            and _trainable(self.shared.values[number].dtype)})
+        self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
+                          if _trainable(dtype)]
+        self.dense = [number for number, value in enumerate(self.shared.values)
+                      if _trainable(value.dtype) and number not in self.sparse]
+        self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
+        self.adjoints = {b: _scratch((None, *self.buffers[b][1]), self.buffers[b][0])
+                         for b in self.trainable}
+        self.sums = {number: _scratch(self.shared.values[number].shape,
+                                      self.shared.values[number].dtype)
+                     for number in self.dense}
+        steps = [tf.TensorSpec((None,), tf.int32)] * 2 + [
+            tf.TensorSpec((None, None), tf.int32)] * 2 + [
+            tf.TensorSpec((None,), tf.int32)]
+        sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
+        rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
+        shared = [tf.TensorSpec(value.shape, value.dtype) for value in self.shared.values]
+        adjoints = [rows[b] for b in self.trainable]
+        self.forward = tf.function(
+            self._forward, autograph=False,
+            input_signature=steps + sizes + rows + shared).get_concrete_function()
+        self.backward = tf.function(
+            self._backward, autograph=False,
+            input_signature=steps + sizes + rows + shared + adjoints
+        ).get_concrete_function()
+
+    # -- the forward -----------------------------------------------------------
+    def _forward(self, *arguments):
+        """Every buffer, computed: zeros for the steps' rows, then the
+        inputs' rows, written step by step."""
+        kinds_of_steps, counts, starts, output_starts, rows, sizes = arguments[:6]
+        count = len(self.buffers)
+        inputs = arguments[6:6 + count]
+        shared = list(arguments[6 + count:])
+        for b, (dtype, shape) in enumerate(self.buffers):
+            self.values[b].assign(tf.concat([_zeros(sizes[b], shape, dtype), inputs[b]], 0))
+
+        def step(s):
+            def branch(kind_number):
+                def run():
+                    kind = self.kinds[kind_number]
+                    values = self._operands(kind_number, s, counts, starts, rows, shared)
+                    results = self._run(kind_number, values, shared, counts[s])
+                    for number, buffer in enumerate(kind.outputs):
+                        self.values[buffer].scatter_update(tf.IndexedSlices(
+                            results[number], _span(output_starts[s, number], counts[s])))
+                    return s + 1
+                return run
+            return self._switch(kinds_of_steps[s], branch)
+
+        steps = tf.shape(counts)[0]
+        done = tf.while_loop(lambda s: s < steps, step, (0,), parallel_iterations=1)
+        with tf.control_dependencies(tf.nest.flatten(done)):
+            return [value.read_value() for value in self.values]
+
+    def _switch(self, kind_number, branch):
+        if len(self.kinds) == 1:
+            return branch(0)()
+        return tf.switch_case(kind_number, [branch(k) for k in range(len(self.kinds))])
+
+    def _operands(self, kind_number, s, counts, starts, rows, shared):
+        """Each operand of step ``s``: its rows gathered, or the shared value."""
+        values = []
+        places = self.shared.places[kind_number]
+        for position, (operand_kind, value) in enumerate(self.kinds[kind_number].operands):
+            if operand_kind == ROWS:
+                start = starts[s, position]
+                values.append(self.values[value].sparse_read(rows[start:start + counts[s]]))
+            elif position in places:
+                values.append(shared[places[position]])
+            else:
+                values.append(value)   # a Python number
+        return values
+
+    def _run(self, kind_number, values, shared, count):
+        """The kind's results for stacked ``values``: a list, one per output."""
+        kind = self.kinds[kind_number]
+        row = kind.row
+        flags = [operand_kind == SHARED for operand_kind, _ in kind.operands]
+        if all(flags):   # the same value for every instance
+            one = row.call(values, kind.attrs)
+            outputs = list(one) if row.multi_output else [one]
+            return [tf.repeat(tf.expand_dims(output, 0), count, 0) for output in outputs]
+        if row.family == "pattern":
+            captured = [shared[n] for n in self.shared.places[kind_number]["captured"]]
+            body = row.pattern.stacked_body(
+                [specs.spec(*self.buffers[buffer])
+                 for (_, buffer), is_shared in zip(kind.operands, flags) if not is_shared])
+            results = body([v for v, is_shared in zip(values, flags) if not is_shared],
+                           captured)
         else:
-            table = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-        tables[key] = table
-    return table
+            results = _batched(kind, values, flags, count)
+        return list(results) if row.multi_output else [results]
+
+    # -- the backward ----------------------------------------------------------
+    def _backward(self, *arguments):
+        """Gradients of the inputs' rows and of the shared values, given the
+        forward's final buffers and each trainable buffer's upstream
+        gradient."""
+        kinds_of_steps, counts, starts, output_starts, rows, sizes = arguments[:6]
+        count, shared_count = len(self.buffers), len(self.shared.values)
+        for variable, buffer in zip(self.values, arguments[6:6 + count]):
+            variable.assign(buffer)
+        shared = list(arguments[6 + count:6 + count + shared_count])
+        for b, upstream in zip(self.trainable, arguments[6 + count + shared_count:]):
+            self.adjoints[b].assign(upstream)
+        for number, total in self.sums.items():
+            total.assign(tf.zeros_like(shared[number]))
+        # Per looked-up variable: each step writes its entries' values and
+        # indices (none for steps that look nothing up) at its own place.
+        entries = []
+        for number in self.sparse:
+            entries += [tf.TensorArray(shared[number].dtype, size=0, dynamic_size=True,
+                                       infer_shape=False,
+                                       element_shape=(None, *shared[number].shape[1:])),
+                        tf.TensorArray(tf.int32, size=0, dynamic_size=True,
+                                       infer_shape=False, element_shape=(None,))]
+        steps = tf.shape(counts)[0]
+
+        def step(k, entries):
+            s = steps - 1 - k
+
+            def branch(kind_number):
+                def run():
+                    return self._step_gradient(kind_number, s, k, counts, starts,
+                                               output_starts, rows, shared, entries)
+                return run
+            flat = self._switch(kinds_of_steps[s], branch)
+            return k + 1, list(flat) if entries else []
+
+        done = tf.while_loop(lambda k, _: k < steps, step, (0, entries),
+                             parallel_iterations=1)
+        entries = done[1]
+        with tf.control_dependencies(tf.nest.flatten(done)):
+            gradients = [tf.zeros([0], tf.float32)] * shared_count   # (none)
+            for number, total in self.sums.items():
+                gradients[number] = total.read_value()
+            for place, number in enumerate(self.sparse):
+                gradients[number] = (entries[2 * place].concat(),
+                                     entries[2 * place + 1].concat())
+            inputs = [self.adjoints[b].read_value()[sizes[b]:] for b in self.trainable]
+        return inputs, gradients
+
+    def _step_gradient(self, kind_number, s, k, counts, starts, output_starts, rows,
+                       shared, entries):
+        """Step ``s`` of the backward: its local gradient, given the upstream
+        rows of its outputs, added into the operands' adjoint rows, the
+        shared values' sums, or the looked-up variables' entries."""
+        kind = self.kinds[kind_number]
+        used = sorted({number for number in _numbers(self.shared.places[kind_number])
+                       if _trainable(shared[number].dtype)})
+        with tf.GradientTape() as tape:
+            local_shared = list(shared)
+            for number in used:   # fresh tensors: a gradient of this step only
+                local_shared[number] = tf.identity(shared[number])
+                tape.watch(local_shared[number])
+            values = self._operands(kind_number, s, counts, starts, rows, local_shared)
+            watched = [position for position, (operand_kind, buffer)
+                       in enumerate(kind.operands)
+                       if operand_kind == ROWS and buffer in self.adjoints]
+            for position in watched:
+                tape.watch(values[position])
+            results = self._run(kind_number, values, local_shared, counts[s])
+        outputs, upstream = [], []
+        for number, buffer in enumerate(kind.outputs):
+            if buffer in self.adjoints:
+                outputs.append(results[number])
+                upstream.append(self.adjoints[buffer].sparse_read(
+                    _span(output_starts[s, number], counts[s])))
+        sources = [values[position] for position in watched] + [
+            local_shared[number] for number in used]
+        gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
+                     if outputs and sources else [None] * len(sources))
+        for position, gradient in zip(watched, gradients):
+            if gradient is not None:
+                start = starts[s, position]
+                self.adjoints[kind.operands[position][1]].scatter_add(tf.IndexedSlices(
+                    tf.convert_to_tensor(gradient), rows[start:start + counts[s]]))
+        of_shared = dict(zip(used, gradients[len(watched):]))
+        for number, total in self.sums.items():
+            if of_shared.get(number) is not None:
+                total.assign_add(tf.convert_to_tensor(of_shared[number]))
+        entries = list(entries)
+        for place, number in enumerate(self.sparse):
+            gradient = of_shared.get(number)
+            if gradient is None:   # nothing looked up: an empty entry list
+                values_part = tf.zeros((0, *shared[number].shape[1:]), shared[number].dtype)
+                indices_part = tf.zeros((0,), tf.int32)
+            elif isinstance(gradient, tf.IndexedSlices):
+                values_part = gradient.values
+                indices_part = tf.cast(gradient.indices, tf.int32)
+            else:   # the variable used whole too: every row an entry
+                values_part = gradient
+                indices_part = tf.range(tf.shape(gradient)[0])
+            entries[2 * place] = entries[2 * place].write(k, values_part)
+            entries[2 * place + 1] = entries[2 * place + 1].write(k, indices_part)
+        return entries if entries else [k]   # a branch must return something
+
+    # -- one call --------------------------------------------------------------
+    def __call__(self, program):
+        """The program's buffers, computed; under a GradientTape, one op
+        whose gradient is the backward call."""
+        arrays = [tf.constant(np.array(program.step_kinds, np.int32)),
+                  tf.constant(np.array(program.counts, np.int32)),
+                  tf.constant(np.array(program.starts, np.int32).reshape(
+                      len(program.counts), -1)),
+                  tf.constant(np.array(program.output_starts, np.int32).reshape(
+                      len(program.counts), -1)),
+                  tf.constant(np.array(program.rows, np.int32)),
+                  tf.constant(np.array(program.computed, np.int32))]
+        inputs = [_inputs(program, b, dtype, shape)
+                  for b, (dtype, shape) in enumerate(self.buffers)]
+        tensors = [value for value in self.shared.values if not is_variable(value)]
+        compiled = self
+
+        @tf.custom_gradient
+        def run(*given):
+            # Variables are read here, so that the tape knows them; all is
+            # passed on unwatched, so that it records this one op, not the
+            # loop's.
+            given_inputs = [tf.stop_gradient(value) for value in given[:len(inputs)]]
+            given_tensors = iter(given[len(inputs):])
+            shared = [tf.stop_gradient(tf.convert_to_tensor(value)
+                                       if is_variable(value) else next(given_tensors))
+                      for value in compiled.shared.values]
+            buffers = compiled.forward(*arrays, *given_inputs, *shared)
+
+            def gradient(*upstream, variables=None):
+                adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
+                            else tf.convert_to_tensor(upstream[b])
+                            for b in compiled.trainable]
+                input_gradients, shared_gradients = compiled.backward(
+                    *arrays, *buffers, *shared, *adjoints)
+                by_buffer = dict(zip(compiled.trainable, input_gradients))
+                shared_gradients = [
+                    _gradient(value, gradient) for value, gradient in
+                    zip(compiled.shared.values, shared_gradients)]
+                of_variable = {id(_underlying(value)): gradient for value, gradient in
+                               zip(compiled.shared.values, shared_gradients)
+                               if is_variable(value)}
+                tensor_gradients = [gradient for value, gradient in
+                                    zip(compiled.shared.values, shared_gradients)
+                                    if not is_variable(value)]
+                return ([by_buffer.get(b) for b in range(len(inputs))] + tensor_gradients,
+                        [of_variable.get(id(variable)) for variable in variables or ()])
+            return buffers, gradient
+
+        return run(*inputs, *tensors)
 
 
-def _run_step(step, values, shared, ranks, count):
-    """The step's results, stacked over its instances (a list of them for
-    a multi-output op)."""
-    row, attrs = step.row, step.attrs
-    if step.every_operand_shared:   # count known: the key holds it
-        results = [row.call(values, attrs) for _ in step.indices]
-        if row.multi_output:
-            return [tf.stack(outputs) for outputs in zip(*results)]
-        return tf.stack(results)
-    pattern = row.family == "pattern"
-    rule = _traced_pattern if pattern else rule_for(row)
+def _gradient(value, gradient):
+    if not _trainable(value.dtype):
+        return None
+    if isinstance(gradient, tuple):   # entries of looked-up rows
+        values, indices = gradient
+        return tf.IndexedSlices(values, indices, tf.shape(value, out_type=tf.int32))
+    return gradient
+
+
+def _underlying(variable):
+    """The tf.Variable TensorFlow's tape sees read (a Keras 3 variable's)."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def _inputs(program, buffer, dtype, shape):
+    """The rows that follow a buffer's computed ones: stacked Python values,
+    then the values of nodes evaluated earlier."""
+    parts = []
+    if program.input_values[buffer]:
+        parts.append(tf.constant(np.array(program.input_values[buffer],
+                                          dtype.as_numpy_dtype)))
+    if program.input_nodes[buffer]:
+        parts.append(tf.stack([node.value() for node in program.input_nodes[buffer]]))
+    if not parts:
+        return tf.zeros((0, *shape), dtype)
+    return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _looked_up(kind, places):
+    """Shared-argument numbers whose rows the kind gathers."""
+    row = kind.row
+    if row.family == "pattern":
+        pattern = row.pattern
+        patterns = ([pattern.producer, pattern.consumer] if hasattr(pattern, "producer")
+                    else [pattern])
+        numbers, captured = [], iter(places["captured"])
+        for part in patterns:
+            for name in part.captured:
+                number = next(captured)
+                if any(step.row.gathers_from is not None
+                       and step.operands[step.row.gathers_from][1] == name
+                       for step in part.steps):
+                    numbers.append(number)
+        return numbers
+    if row.gathers_from is not None and row.gathers_from in places:
+        return [places[row.gathers_from]]
+    return []
+
+
+def _batched(kind, values, flags, count):
+    """A single op on stacked operands: its batch rule, else per instance."""
+    row, attrs = kind.row, kind.attrs
+    ranks = [len(getattr(value, "shape", ())) if is_shared else len(value.shape) - 1
+             for value, is_shared in zip(values, flags)]
+    output_spec = kind.spec[0] if row.multi_output else kind.spec
+    rule = rule_for(row)
     if rule is not None:
-        output_spec = step.spec[0] if row.multi_output else step.spec
         try:
-            return rule(row, attrs, values, shared, ranks, output_spec, count)
+            return rule(row, attrs, values, flags, ranks, output_spec, count)
         except NoRule:
             pass
-        if any(shared):
+        if any(flags):
             # The rule refuses a shared operand (a concat of each instance's
             # row with the same zeros): give every instance the value as a row.
-            rows = [_as_rows(value, count, pattern) if is_shared else value
-                    for value, is_shared in zip(values, shared)]
+            rows = [tf.repeat(tf.expand_dims(tf.convert_to_tensor(value), 0), count, 0)
+                    if is_shared else value for value, is_shared in zip(values, flags)]
             try:
                 return rule(row, attrs, rows, [False] * len(rows), ranks,
                             output_spec, count)
             except NoRule:
                 pass
-    return _each_instance(step, values, shared, count, pattern)
+    return _each_instance(kind, values, flags, count)
 
 
-def _each_instance(step, values, shared, count, pattern):
-    """The op run once per instance, in a loop over the step's rows (their
-    number is known only when the program runs)."""
-    row, attrs = step.row, step.attrs
-    if pattern:   # (table, rows) pairs
-        values = [value if is_shared else gather_rows(*value)
-                  for value, is_shared in zip(values, shared)]
-    specs = step.spec if row.multi_output else [step.spec]
+def _each_instance(kind, values, flags, count):
+    """The op run once per instance, in a loop over the step's rows."""
+    row, attrs = kind.row, kind.attrs
+    specs = kind.spec if row.multi_output else [kind.spec]
     signature = [tf.TensorSpec(spec.shape, spec.dtype) for spec in specs]
 
     def one(instance):
         result = row.call([value if is_shared else value[instance]
-                           for value, is_shared in zip(values, shared)], attrs)
+                           for value, is_shared in zip(values, flags)], attrs)
         return list(result) if row.multi_output else [result]
 
     results = tf.map_fn(one, tf.range(count), fn_output_signature=signature)
     return results if row.multi_output else results[0]
 
 
-def _traced_pattern(row, attrs, values, shared, ranks, output_spec, count):
-    """The pattern batch rule, with the pattern's ops in the program's own
-    graph."""
-    if any(shared):
-        raise NoRule("a pattern argument is shared")
-    return row.pattern.traced(values)
-
-
-def _as_rows(value, count, pattern):
-    table = tf.expand_dims(tf.convert_to_tensor(value), 0)
-    rows = tf.zeros([count], tf.int32)
-    return (table, rows) if pattern else gather_rows(table, rows)
-
-
-def run(program, function, graph, statistics):
-    """Run the compiled ``function`` of ``program`` and leave each node's
-    value as its row of a returned buffer."""
-    outputs = function(*arguments(program))
+def run(program, compiled, graph, statistics):
+    """Run ``program`` with its compiled form and leave each node's value as
+    its row of a buffer."""
+    outputs = compiled(program)
     statistics["program_runs"] += 1
-    statistics["program_steps"] += len(program.steps)
-    for step in program.steps:
-        if step.indices:
-            statistics["batches"] += 1
-            statistics["batch_sizes"][len(step.indices)] += 1
-            if rule_for(step.row) is None and len(step.indices) > 1:
-                statistics["unbatched"][f"{step.row.name}: no batch rule"] += \
-                    len(step.indices)
+    statistics["program_steps"] += len(program.counts)
+    for kind_number, count in zip(program.step_kinds, program.counts):
+        statistics["batches"] += 1
+        statistics["batch_sizes"][count] += 1
+        row = program.kinds[kind_number].row
+        if row.family != "pattern" and rule_for(row) is None and count > 1:
+            statistics["unbatched"][f"{row.name}: no batch rule"] += count
     for index, node in enumerate(graph.nodes):
         location = program.location(index)
         if location is not None:
