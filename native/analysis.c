@@ -2,6 +2,8 @@
  * recorded graph that cost milliseconds per minibatch in Python.
  *
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
+ * - depths, agenda_schedule, depth_schedule: the schedulers' integer work
+ *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
  *
  * Everything is iterative (graphs can be 100,000 nodes deep) and works on
  * borrowed node pointers while no Python code runs: nothing can free a node
@@ -200,11 +202,411 @@ done:
     return result;
 }
 
+/* -- the schedulers' integer work ------------------------------------------ */
+
+/* A BatchGraph's structure as C arrays: type_of[i] (-1: not scheduled) and
+ * the sources of node i, sources[offset[i] .. offset[i + 1]).  Sources must
+ * be earlier nodes, which is what BatchGraph makes (operands come before
+ * their consumers) and what makes the graph acyclic; anything else is a
+ * ValueError rather than a schedule that silently drops nodes. */
+typedef struct {
+    Py_ssize_t count, type_count;
+    Py_ssize_t *type_of, *offset, *sources, *depth;
+} Structure;
+
+static void
+structure_free(Structure *graph)
+{
+    PyMem_Free(graph->type_of);
+    PyMem_Free(graph->offset);
+    PyMem_Free(graph->sources);
+    PyMem_Free(graph->depth);
+}
+
+/* An int in [low, high), else TypeError or ValueError naming ``what``. */
+static int
+index_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
+         Py_ssize_t node, Py_ssize_t *out)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s of node %zd must be an int, not %.100s",
+                     what, node, Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_ssize_t number = PyLong_AsSsize_t(value);
+    if (number == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        number = high;   /* beyond Py_ssize_t: out of range below */
+    }
+    if (number < low || number >= high) {
+        PyErr_Format(PyExc_ValueError, "%s of node %zd is %R, not in [%zd, %zd)",
+                     what, node, value, low, high);
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
+/* Reads and checks the structure, and computes every node's depth: 1 + the
+ * deepest source, where nodes that are not scheduled add nothing.  Nothing
+ * here runs Python code once the sequences are made. */
+static int
+structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
+               Py_ssize_t type_count)
+{
+    memset(graph, 0, sizeof(*graph));
+    PyObject *type_of = PySequence_Fast(type_of_arg, "type_of must be a sequence");
+    if (type_of == NULL)
+        return -1;
+    PyObject *sources = PySequence_Fast(sources_arg, "sources must be a sequence");
+    if (sources == NULL) {
+        Py_DECREF(type_of);
+        return -1;
+    }
+    int status = -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(type_of);
+    if (PySequence_Fast_GET_SIZE(sources) != count) {
+        PyErr_Format(PyExc_ValueError, "type_of has %zd nodes but sources has %zd",
+                     count, PySequence_Fast_GET_SIZE(sources));
+        goto done;
+    }
+    if (type_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
+        goto done;
+    }
+    graph->count = count;
+    graph->type_count = type_count;
+    graph->type_of = PyMem_New(Py_ssize_t, count + 1);
+    graph->offset = PyMem_New(Py_ssize_t, count + 1);
+    graph->depth = PyMem_New(Py_ssize_t, count + 1);
+    if (graph->type_of == NULL || graph->offset == NULL || graph->depth == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Entries must be tuples or lists: their items are read in place. */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = PySequence_Fast_GET_ITEM(sources, i);
+        if (!PyTuple_Check(entry) && !PyList_Check(entry)) {
+            PyErr_Format(PyExc_TypeError,
+                         "sources of node %zd must be a tuple, not %.100s",
+                         i, Py_TYPE(entry)->tp_name);
+            goto done;
+        }
+        graph->offset[i] = total;
+        total += PySequence_Fast_GET_SIZE(entry);
+    }
+    graph->offset[count] = total;
+    graph->sources = PyMem_New(Py_ssize_t, total + 1);
+    if (graph->sources == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (index_in(PySequence_Fast_GET_ITEM(type_of, i), -1, type_count,
+                     "the type", i, &graph->type_of[i]) < 0)
+            goto done;
+        PyObject *entry = PySequence_Fast_GET_ITEM(sources, i);
+        Py_ssize_t *out = graph->sources + graph->offset[i], deepest = 0;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(entry); k++) {
+            if (index_in(PySequence_Fast_GET_ITEM(entry, k), 0, i,
+                         "a source", i, &out[k]) < 0)
+                goto done;
+            if (graph->depth[out[k]] > deepest)
+                deepest = graph->depth[out[k]];
+        }
+        graph->depth[i] = deepest + (graph->type_of[i] >= 0);
+    }
+    status = 0;
+done:
+    Py_DECREF(type_of);
+    Py_DECREF(sources);
+    if (status < 0)
+        structure_free(graph);
+    return status;
+}
+
+static PyObject *
+int_list(const Py_ssize_t *items, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *number = PyLong_FromSsize_t(items[i]);
+        if (number == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, number);
+    }
+    return list;
+}
+
+PyDoc_STRVAR(depths_doc,
+"depths(type_of, sources)\n--\n\n"
+"Topological depth of every node: 1 + the deepest of its sources (earlier\n"
+"node indices); nodes whose type is -1 (not scheduled) add nothing.");
+
+static PyObject *
+depths(PyObject *module, PyObject *args)
+{
+    PyObject *type_of, *sources;
+    if (!PyArg_ParseTuple(args, "OO:depths", &type_of, &sources))
+        return NULL;
+    Structure graph;
+    /* No type bound here: depths reads types only for their sign. */
+    if (structure_read(&graph, type_of, sources, PY_SSIZE_T_MAX) < 0)
+        return NULL;
+    PyObject *result = int_list(graph.depth, graph.count);
+    structure_free(&graph);
+    return result;
+}
+
+/* The depth scheduler's order: by depth, then type, then index. */
+typedef struct {
+    Py_ssize_t depth, type, index;
+} Placed;
+
+static int
+by_depth_type_index(const void *a, const void *b)
+{
+    const Placed *x = a, *y = b;
+    if (x->depth != y->depth)
+        return x->depth < y->depth ? -1 : 1;
+    if (x->type != y->type)
+        return x->type < y->type ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+PyDoc_STRVAR(depth_schedule_doc,
+"depth_schedule(type_of, sources, type_count)\n--\n\n"
+"TensorFlow Fold's schedule: one batch per (depth, type) of the scheduled\n"
+"nodes (type >= 0), by increasing depth then type, each in index order.");
+
+static PyObject *
+depth_schedule(PyObject *module, PyObject *args)
+{
+    PyObject *type_of, *sources;
+    Py_ssize_t type_count;
+    if (!PyArg_ParseTuple(args, "OOn:depth_schedule", &type_of, &sources,
+                          &type_count))
+        return NULL;
+    Structure graph;
+    if (structure_read(&graph, type_of, sources, type_count) < 0)
+        return NULL;
+    PyObject *batches = NULL;
+    Placed *placed = PyMem_New(Placed, graph.count + 1);
+    Py_ssize_t *members = PyMem_New(Py_ssize_t, graph.count + 1);
+    if (placed == NULL || members == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t scheduled = 0;
+    for (Py_ssize_t i = 0; i < graph.count; i++) {
+        if (graph.type_of[i] >= 0)
+            placed[scheduled++] = (Placed){graph.depth[i], graph.type_of[i], i};
+    }
+    qsort(placed, scheduled, sizeof(Placed), by_depth_type_index);
+    batches = PyList_New(0);
+    if (batches == NULL)
+        goto done;
+    for (Py_ssize_t start = 0, end; start < scheduled; start = end) {
+        for (end = start; end < scheduled && placed[end].depth == placed[start].depth
+                          && placed[end].type == placed[start].type; end++)
+            members[end - start] = placed[end].index;
+        PyObject *batch = int_list(members, end - start);
+        if (batch == NULL || PyList_Append(batches, batch) < 0) {
+            Py_XDECREF(batch);
+            Py_CLEAR(batches);
+            goto done;
+        }
+        Py_DECREF(batch);
+    }
+done:
+    PyMem_Free(placed);
+    PyMem_Free(members);
+    structure_free(&graph);
+    return batches;
+}
+
+/* The agenda scheduler's state.  ``ready`` mirrors the Python dict it
+ * replaced, {type: ready nodes}: a type enters when its first node becomes
+ * ready and leaves when its nodes run, and ``entered`` numbers the entries
+ * so that ties go to the type that entered first, as min() over the dict in
+ * insertion order did. */
+typedef struct {
+    Py_ssize_t *nodes, size, capacity;
+    long long entered;      /* -1 while the type has no ready node */
+} Ready;
+
+static int
+make_ready(Ready *ready, Py_ssize_t *active, Py_ssize_t *active_count,
+           long long *entries, Py_ssize_t type, Py_ssize_t index)
+{
+    Ready *list = &ready[type];
+    if (list->entered < 0) {
+        list->entered = (*entries)++;
+        active[(*active_count)++] = type;
+    }
+    if (list->size == list->capacity) {
+        Py_ssize_t capacity = list->capacity ? 2 * list->capacity : 8;
+        Py_ssize_t *nodes = PyMem_Resize(list->nodes, Py_ssize_t, capacity);
+        if (nodes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        list->nodes = nodes;
+        list->capacity = capacity;
+    }
+    list->nodes[list->size++] = index;
+    return 0;
+}
+
+PyDoc_STRVAR(agenda_schedule_doc,
+"agenda_schedule(type_of, sources, type_count)\n--\n\n"
+"DyNet's agenda schedule: repeatedly run every ready node of the type whose\n"
+"remaining nodes have the lowest average depth (ties: the type that became\n"
+"ready first); returns the batches, lists of node indices in the order\n"
+"they became ready.  Nodes of type -1 are not scheduled.");
+
+static PyObject *
+agenda_schedule(PyObject *module, PyObject *args)
+{
+    PyObject *type_of_arg, *sources_arg;
+    Py_ssize_t type_count;
+    if (!PyArg_ParseTuple(args, "OOn:agenda_schedule", &type_of_arg,
+                          &sources_arg, &type_count))
+        return NULL;
+    Structure graph;
+    if (structure_read(&graph, type_of_arg, sources_arg, type_count) < 0)
+        return NULL;
+    Py_ssize_t count = graph.count, types = graph.type_count;
+    const Py_ssize_t *type_of = graph.type_of, *depth = graph.depth;
+    PyObject *batches = NULL;
+    /* Consumers of each node (scheduled ones, in index order, once per
+     * source entry) as one array: consumers[first[i] .. first[i + 1]). */
+    Py_ssize_t *first = PyMem_New(Py_ssize_t, count + 1);
+    Py_ssize_t *consumers = PyMem_New(Py_ssize_t, graph.offset[count] + 1);
+    Py_ssize_t *waiting = PyMem_New(Py_ssize_t, count + 1);
+    Py_ssize_t *remaining = PyMem_New(Py_ssize_t, types + 1);
+    long long *depth_sum = PyMem_New(long long, types + 1);
+    Ready *ready = PyMem_New(Ready, types + 1);
+    Py_ssize_t *active = PyMem_New(Py_ssize_t, types + 1);
+    if (ready != NULL) {
+        for (Py_ssize_t t = 0; t < types; t++)
+            ready[t] = (Ready){NULL, 0, 0, -1};
+    }
+    if (first == NULL || consumers == NULL || waiting == NULL
+            || remaining == NULL || depth_sum == NULL || ready == NULL
+            || active == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < types; t++) {
+        remaining[t] = 0;
+        depth_sum[t] = 0;
+    }
+    memset(first, 0, (count + 1) * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (type_of[i] >= 0) {
+            for (Py_ssize_t k = graph.offset[i]; k < graph.offset[i + 1]; k++)
+                first[graph.sources[k] + 1]++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        first[i + 1] += first[i];
+    Py_ssize_t active_count = 0;
+    long long entries = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t type = type_of[i];
+        waiting[i] = 0;
+        if (type < 0)
+            continue;
+        remaining[type]++;
+        depth_sum[type] += depth[i];
+        waiting[i] = graph.offset[i + 1] - graph.offset[i];
+        /* ``first`` is advanced as each consumer is placed, then restored
+         * below (shifted back by one slot). */
+        for (Py_ssize_t k = graph.offset[i]; k < graph.offset[i + 1]; k++)
+            consumers[first[graph.sources[k]]++] = i;
+        if (waiting[i] == 0 && make_ready(ready, active, &active_count,
+                                          &entries, type, i) < 0)
+            goto done;
+    }
+    for (Py_ssize_t i = count; i > 0; i--)
+        first[i] = first[i - 1];
+    first[0] = 0;
+
+    batches = PyList_New(0);
+    if (batches == NULL)
+        goto done;
+    while (active_count > 0) {
+        /* The lowest average remaining depth, as Python's float division
+         * gave it (exact for sums below 2**53), then the earliest entry. */
+        Py_ssize_t best = 0;
+        double best_key = 0.0;
+        for (Py_ssize_t a = 0; a < active_count; a++) {
+            Py_ssize_t t = active[a];
+            double key = (double)depth_sum[t] / (double)remaining[t];
+            if (a == 0 || key < best_key
+                    || (key == best_key
+                        && ready[t].entered < ready[active[best]].entered)) {
+                best = a;
+                best_key = key;
+            }
+        }
+        Py_ssize_t chosen = active[best];
+        active[best] = active[--active_count];
+        /* Taken out whole: post-processing may make new nodes of the same
+         * type ready, which form a new entry. */
+        Ready batch = ready[chosen];
+        ready[chosen] = (Ready){NULL, 0, 0, -1};
+        PyObject *list = int_list(batch.nodes, batch.size);
+        int failed = list == NULL || PyList_Append(batches, list) < 0;
+        Py_XDECREF(list);
+        for (Py_ssize_t b = 0; !failed && b < batch.size; b++) {
+            Py_ssize_t index = batch.nodes[b];
+            remaining[chosen]--;
+            depth_sum[chosen] -= depth[index];
+            for (Py_ssize_t k = first[index]; k < first[index + 1]; k++) {
+                Py_ssize_t consumer = consumers[k];
+                if (--waiting[consumer] == 0
+                        && make_ready(ready, active, &active_count, &entries,
+                                      type_of[consumer], consumer) < 0)
+                    failed = 1;
+            }
+        }
+        PyMem_Free(batch.nodes);
+        if (failed) {
+            Py_CLEAR(batches);
+            goto done;
+        }
+    }
+done:
+    if (ready != NULL) {
+        for (Py_ssize_t t = 0; t < types; t++)
+            PyMem_Free(ready[t].nodes);
+    }
+    PyMem_Free(first);
+    PyMem_Free(consumers);
+    PyMem_Free(waiting);
+    PyMem_Free(remaining);
+    PyMem_Free(depth_sum);
+    PyMem_Free(ready);
+    PyMem_Free(active);
+    structure_free(&graph);
+    return batches;
+}
+
 /* -- registration ----------------------------------------------------------- */
 
 static PyMethodDef analysis_methods[] = {
     {"unevaluated_ancestors", unevaluated_ancestors, METH_O,
      unevaluated_ancestors_doc},
+    {"depths", depths, METH_VARARGS, depths_doc},
+    {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
+    {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},
     {NULL},
 };
 

@@ -4,9 +4,12 @@ The interface is three calls: ``init(graph)`` with a BatchGraph,
 ``next_batch()`` returning the graph indices of the next batch (nodes of one
 type whose operands are all computed) or None when done, and
 ``post_process(batch)`` after the batch ran.  Every scheduler must give the
-same results; they differ only in how many batches they need.
+same results; they differ only in how many batches they need.  A scheduler
+whose choices need no values may also offer ``whole_schedule(graph)``, all
+its batches at once (agenda and depth do, in C: ``native/analysis.c``).
 """
 
+from ... import _native
 from .agenda import AgendaScheduler
 from .depth import DepthScheduler
 
@@ -18,6 +21,9 @@ def schedule(graph, scheduler):
     """Every batch the scheduler picks for the graph, in order (lists of
     node indices).  Schedules depend only on the graph's structure, so this
     needs no values."""
+    whole_schedule = getattr(scheduler, "whole_schedule", None)
+    if whole_schedule is not None:
+        return whole_schedule(graph)
     scheduler.init(graph)
     batches = []
     while (batch := scheduler.next_batch()) is not None:
@@ -29,8 +35,4 @@ def schedule(graph, scheduler):
 def depths(graph):
     """Topological depth of every node: 1 + the deepest operand in the graph
     (nodes that are not scheduled add nothing)."""
-    depth = [0] * len(graph)
-    for index, sources in enumerate(graph.sources):
-        deepest = max((depth[source] for source in sources), default=0)
-        depth[index] = deepest + (graph.type_of[index] >= 0)
-    return depth
+    return _native.depths(graph.type_of, graph.sources)

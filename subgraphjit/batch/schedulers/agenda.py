@@ -1,9 +1,21 @@
 """Agenda-based batching (DyNet): of the types ready to run, run the one
-whose remaining nodes have the lowest average depth."""
+whose remaining nodes have the lowest average depth (ties: the type that
+became ready first).
+
+A whole schedule is made in C (``native/analysis.c``).  The step-by-step
+calls stay for the FSM scheduler, which keeps the ready lists here and
+replaces the choice of type; tests/test_native_analysis.py checks that both
+choose alike."""
+
+from ... import _native
 
 
 class AgendaScheduler:
     name = "agenda"
+
+    def whole_schedule(self, graph):
+        return _native.agenda_schedule(graph.type_of, graph.sources,
+                                       len(graph.signatures))
 
     def init(self, graph):
         from . import depths

@@ -1,17 +1,18 @@
-"""Depth-based batching (TensorFlow Fold): one batch per (depth, type)."""
+"""Depth-based batching (TensorFlow Fold): one batch per (depth, type), by
+increasing depth, then type (``native/analysis.c``)."""
+
+from ... import _native
 
 
 class DepthScheduler:
     name = "depth"
 
+    def whole_schedule(self, graph):
+        return _native.depth_schedule(graph.type_of, graph.sources,
+                                      len(graph.signatures))
+
     def init(self, graph):
-        from . import depths
-        depth = depths(graph)
-        groups = {}
-        for index, node_type in enumerate(graph.type_of):
-            if node_type >= 0:
-                groups.setdefault((depth[index], node_type), []).append(index)
-        self._batches = [groups[key] for key in sorted(groups, reverse=True)]
+        self._batches = self.whole_schedule(graph)[::-1]
 
     def next_batch(self):
         return self._batches.pop() if self._batches else None
