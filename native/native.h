@@ -41,4 +41,7 @@ extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
  * functions to the module (0, or -1 with an exception set). */
 int add_analysis_functions(PyObject *module);
 
+/* match.c: pattern matching and replacement; the same contract. */
+int add_match_functions(PyObject *module);
+
 #endif

@@ -65,7 +65,7 @@ def evaluate(targets, required=None):
     collector_was_on = gc.isenabled()
     gc.disable()
     try:
-        launches = _run(nodes)
+        launches = _run(nodes, targets if required is None else required)
     finally:
         if collector_was_on:
             gc.enable()
@@ -120,9 +120,10 @@ def debug_summary(before, after, nodes, launches, seconds):
     return "\n".join(lines)
 
 
-def _run(nodes):
+def _run(nodes, required):
     """Run the nodes, batched unless the scheduler is 'none'; returns the
-    number of ops launched."""
+    number of ops launched.  (A compiled program may leave a node that
+    neither a later node nor the caller needs to be computed if asked.)"""
     scheduler = context.parameters["scheduler"]
     if scheduler == "none":
         for node in nodes:
@@ -132,7 +133,7 @@ def _run(nodes):
     before = statistics["batches"]
     graph = batch.execute(nodes, statistics, _scheduler(scheduler),
                           context.parameters["layout"],
-                          context.parameters["compile"])
+                          context.parameters["compile"], required)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

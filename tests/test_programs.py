@@ -145,3 +145,33 @@ def test_errors_in_a_compiled_program_name_the_users_line(compiled):
         with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
             tf.build(lookups)
         assert any(f"{__file__}:{line}" in note for note in raised.value.__notes__)
+
+
+def test_an_output_no_node_reads_is_computed_when_asked():
+    """A program keeps only the outputs some node reads; another, held by
+    the user, is computed when asked, with eager's value and gradient."""
+    previous = tf.get_parameter("compile")
+    tf.set_parameter("compile", 1)
+    try:
+        rng = np.random.default_rng(5)
+        weight = tensorflow.Variable(rng.normal(size=(4, 6)).astype(np.float32))
+        rows = [rng.normal(size=(1, 4)).astype(np.float32) for _ in range(3)]
+
+        def run(module):
+            with module.GradientTape(persistent=True) as tape:
+                halves = [module.split(module.matmul(row, weight), 2, axis=1)
+                          for row in rows]
+                later = [second * 3.0 for _, second in halves]   # not evaluated yet
+                loss = module.add_n([module.reduce_sum(module.tanh(first))
+                                     for first, _ in halves])
+                if module is tf:
+                    loss = tf.build(loss)
+                held = module.add_n([module.reduce_sum(value) for value in later])
+                held = held.numpy()
+            return float(loss), float(held), tape.gradient(loss, weight)
+
+        expected, actual = run(tensorflow), run(tf)
+        np.testing.assert_allclose(actual[:2], expected[:2], rtol=1e-5)
+        np.testing.assert_allclose(actual[2], expected[2], rtol=1e-5, atol=1e-6)
+    finally:
+        tf.set_parameter("compile", previous)

@@ -22,7 +22,8 @@ from .graph import BatchGraph, NodeOperand
 from .schedulers import schedule
 
 
-def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
+def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
+            required=()):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
     With ``compile_after`` > 0 the graph is planned as a program, which
     runs as one compiled call once its key has been seen that many times
@@ -33,7 +34,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0):
     batches = schedule(graph, scheduler)
     compiled = None
     if compile_after and batches:
-        the_program = plan.plan(graph, batches)
+        the_program = plan.plan(graph, batches, required)
         compiled = program.PROGRAMS.compiled_for(the_program, compile_after, statistics)
     analysed = time.perf_counter()
     if compiled is not None:

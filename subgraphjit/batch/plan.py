@@ -38,7 +38,7 @@ ROWS = "rows"       # one row per instance, of a buffer
 class Kind:
     """What the steps of one node type run: ``row`` with ``attrs``;
     ``operands``, per position, (SHARED, value) or (ROWS, buffer);
-    ``outputs``, the buffer of each output."""
+    ``outputs``, the buffer of each output, None for one not kept."""
 
     __slots__ = ("row", "attrs", "spec", "operands", "outputs", "name")
 
@@ -83,9 +83,12 @@ class Program:
         return self.locations[index]
 
 
-def plan(graph, batches):
+def plan(graph, batches, required=()):
     """The program running ``batches`` (lists of graph indices, one node
-    type each, in an order that respects dependencies)."""
+    type each, in an order that respects dependencies).  An output that no
+    node of the graph reads, of nodes neither in ``required`` nor results
+    (nodes nothing consumes), is not kept (``Kind.outputs``)."""
+    read = _read_outputs(graph, required)
     types = sorted({graph.type_of[batch[0]] for batch in batches},
                    key=graph.type_names.__getitem__)
     first_of_type = {graph.type_of[batch[0]]: batch[0] for batch in reversed(batches)}
@@ -111,15 +114,42 @@ def plan(graph, batches):
             (SHARED, graph.operands[example][position]) if is_shared
             else (ROWS, buffer_of[_buffer_spec(signature[3 + position])])
             for position, is_shared in enumerate(graph.shared_operand[node_type])]
-        kind.outputs = [buffer_of[spec] for spec in _output_specs(node)]
+        kind.outputs = [buffer_of[spec] if (node_type, number) in read else None
+                        for number, spec in enumerate(_output_specs(node))]
         kind_of_type[node_type] = len(kinds)
         kinds.append(kind)
     program = Program(kinds, buffers)
     for batch in batches:   # the steps' results come first in each buffer
         for buffer in kinds[kind_of_type[graph.type_of[batch[0]]]].outputs:
-            program.computed[buffer] += len(batch)
+            if buffer is not None:
+                program.computed[buffer] += len(batch)
     _Filler(graph, program, kind_of_type).fill(batches)
     return program
+
+
+def _read_outputs(graph, required):
+    """(node type, output number) of every output some node needs: read by
+    a node of the graph, asked for by the caller, or a result nothing else
+    consumes (what the user holds).  The gates a Tree-LSTM pattern splits
+    off and uses inside itself are none of these."""
+    required = {node.id for node in required}
+    type_of, duplicate_of, operands = graph.type_of, graph.duplicate_of, graph.operands
+    read = set()
+    for index, node in enumerate(graph.nodes):
+        for operand in operands[index]:
+            if isinstance(operand, NodeOperand) and operand.index >= 0:
+                source = duplicate_of[operand.index]
+                read.add((type_of[source], operand.pick or 0))
+        if node.consumers == 0 or node.id in required:
+            if node.row is ACCESS:
+                source = operands[index][0].index
+                if source >= 0:
+                    read.add((type_of[duplicate_of[source]], node.attrs[0]))
+            else:
+                source = duplicate_of[index]
+                read.update((type_of[source], number)
+                            for number in range(len(_output_specs(node))))
+    return read
 
 
 def _output_specs(node):
@@ -142,6 +172,8 @@ class _Filler:
         self.graph, self.program, self.kind_of_type = graph, program, kind_of_type
         self.filled = [0] * len(program.buffers)   # computed rows placed so far
         self.input_row = {}   # id of an earlier evaluation's node -> its row
+        # Per graph index: (buffer, row) of its result, a list of them (None
+        # for an output not kept) for a multi-output node, or None.
         self.locations = [None] * len(graph)
 
     def fill(self, batches):
@@ -159,10 +191,12 @@ class _Filler:
             output_starts = [0] * outputs_width
             multi_output = kind.row.multi_output
             for number, buffer in enumerate(kind.outputs):
-                output_starts[number] = self.filled[buffer]
-                self.filled[buffer] += len(batch)
+                if buffer is not None:
+                    output_starts[number] = self.filled[buffer]
+                    self.filled[buffer] += len(batch)
             for offset, index in enumerate(batch):
-                places = [(buffer, output_starts[number] + offset)
+                places = [None if buffer is None else
+                          (buffer, output_starts[number] + offset)
                           for number, buffer in enumerate(kind.outputs)]
                 self.locations[index] = places if multi_output else places[0]
             program.step_kinds.append(kind_number)
@@ -205,7 +239,7 @@ class _Filler:
                 continue
             if node.row is ACCESS:
                 source = graph.operands[index][0].index
-                if source >= 0:
+                if source >= 0 and locations[graph.duplicate_of[source]] is not None:
                     locations[index] = locations[graph.duplicate_of[source]][
                         node.attrs[0]]
             else:

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..patch import spec as specs
+from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
@@ -209,6 +210,8 @@ class _Compiled:
                     values = self._operands(kind_number, s, counts, starts, rows, shared)
                     results = self._run(kind_number, values, shared, counts[s])
                     for number, buffer in enumerate(kind.outputs):
+                        if buffer is None:
+                            continue
                         self.values[buffer].scatter_update(tf.IndexedSlices(
                             results[number], _span(output_starts[s, number], counts[s])))
                     return s + 1
@@ -518,12 +521,18 @@ def run(program, compiled, graph, statistics):
             statistics["unbatched"][f"{row.name}: no batch rule"] += count
     for index, node in enumerate(graph.nodes):
         location = program.location(index)
-        if location is not None:
-            if isinstance(location, list):   # a multi-output node
-                node.batch = [outputs[buffer] for buffer, _ in location]
-                node.batch_row = tuple(row for _, row in location)
-            else:
-                node.batch, node.batch_row = outputs[location[0]], location[1]
+        if isinstance(location, list):   # a multi-output node
+            if None in location:
+                # An output not kept: the node stays unevaluated, with its
+                # inputs, computed again if someone asks (its kept outputs'
+                # access nodes have rows of their own).
+                continue
+            node.batch = [outputs[buffer] for buffer, _ in location]
+            node.batch_row = tuple(row for _, row in location)
+        elif location is not None:
+            node.batch, node.batch_row = outputs[location[0]], location[1]
+        elif node.row is not ACCESS or graph.operands[index][0].index >= 0:
+            continue   # not kept, as above
         node.inputs = ()
         node.site = None
         if node.consumers == 0 and node.batch is not None:
