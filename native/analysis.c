@@ -4,6 +4,8 @@
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
  * - depths, agenda_schedule, depth_schedule: the schedulers' integer work
  *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
+ * - describe_graph: BatchGraph's loop (types, duplicates, operands,
+ *   sources), calling back into batch/graph.py for rare operands.
  *
  * Everything is iterative (graphs can be 100,000 nodes deep) and works on
  * borrowed node pointers while no Python code runs: nothing can free a node
@@ -599,6 +601,497 @@ done:
     return batches;
 }
 
+/* -- the BatchGraph's description ------------------------------------------- */
+
+/* Node id -> graph index, open addressing (BatchGraph's ``index_of``). */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *values;
+    size_t mask, count;
+} IdMap;
+
+static size_t
+idmap_slot(const IdMap *map, long long id)
+{
+    size_t slot = (((unsigned long long)id * 0x9E3779B97F4A7C15ull) >> 17) & map->mask;
+    while (map->values[slot] >= 0 && map->keys[slot] != id)
+        slot = (slot + 1) & map->mask;
+    return slot;
+}
+
+/* Sized once for ``count`` entries at most half full: it never grows. */
+static int
+idmap_init(IdMap *map, Py_ssize_t count)
+{
+    size_t capacity = 64;
+    while (capacity < 2 * (size_t)count + 2)
+        capacity *= 2;
+    map->mask = capacity - 1;
+    map->keys = PyMem_New(long long, capacity);
+    map->values = PyMem_New(Py_ssize_t, capacity);
+    if (map->keys == NULL || map->values == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < capacity; i++)
+        map->values[i] = -1;
+    return 0;
+}
+
+static Py_ssize_t
+idmap_get(const IdMap *map, long long id)
+{
+    return map->values[idmap_slot(map, id)];
+}
+
+static void
+idmap_put(IdMap *map, long long id, Py_ssize_t value)
+{
+    size_t slot = idmap_slot(map, id);
+    map->keys[slot] = id;
+    map->values[slot] = value;
+}
+
+/* What BatchGraph's Python gives per call: the callbacks of the rare cases
+ * and per-call caches (by row, by operand type). */
+typedef struct {
+    PyObject *access_row, *node_operand, *row_info, *kind_of,
+             *spec_of_foreign, *value_key, *take_output;
+    PyObject *row_cache, *kind_cache, *str_shared;
+} Describe;
+
+/* The kinds of a foreign operand kind_of gives (by its type). */
+enum { KIND_NUMBER, KIND_TENSOR, KIND_VARIABLE, KIND_OTHER };
+
+static int
+operand_kind(Describe *d, PyObject *operand)
+{
+    PyObject *type = (PyObject *)Py_TYPE(operand);
+    PyObject *kind = PyDict_GetItemWithError(d->kind_cache, type);
+    if (kind == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        kind = PyObject_CallOneArg(d->kind_of, operand);
+        if (kind == NULL)
+            return -1;
+        int stored = PyDict_SetItem(d->kind_cache, type, kind);
+        Py_DECREF(kind);   /* the cache holds it */
+        if (stored < 0)
+            return -1;
+    }
+    long value = PyLong_AsLong(kind);
+    if ((value == -1 && PyErr_Occurred()) || value < KIND_NUMBER || value > KIND_OTHER) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "kind_of must give 0, 1, 2 or 3");
+        return -1;
+    }
+    return (int)value;
+}
+
+static PyObject *
+new_node_operand(Describe *d, Py_ssize_t index, PyObject *pick, PyObject *node)
+{
+    PyObject *number = PyLong_FromSsize_t(index);
+    if (number == NULL)
+        return NULL;
+    PyObject *args[] = {number, pick, node};
+    PyObject *operand = PyObject_Vectorcall(d->node_operand, args, 3, NULL);
+    Py_DECREF(number);
+    return operand;
+}
+
+/* (index_positions, gathers) of a row, from row_info, cached per row. */
+static PyObject *
+row_entry(Describe *d, PyObject *row)
+{
+    PyObject *entry = PyDict_GetItemWithError(d->row_cache, row);
+    if (entry != NULL || PyErr_Occurred())
+        return entry;
+    entry = PyObject_CallOneArg(d->row_info, row);
+    if (entry == NULL)
+        return NULL;
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+        Py_DECREF(entry);
+        PyErr_SetString(PyExc_TypeError,
+                        "row_info must give (index_positions, gathers)");
+        return NULL;
+    }
+    int stored = PyDict_SetItem(d->row_cache, row, entry);
+    Py_DECREF(entry);   /* the cache holds it */
+    return stored < 0 ? NULL : entry;
+}
+
+static PyObject *
+tuple_of_index(Py_ssize_t index, PyObject *pick)
+{
+    PyObject *number = PyLong_FromSsize_t(index);
+    if (number == NULL)
+        return NULL;
+    PyObject *pair = PyTuple_Pack(2, number, pick);
+    Py_DECREF(number);
+    return pair;
+}
+
+/* One scheduled node's operands, signature, identity and sources, as
+ * BatchGraph._describe gave them; *shared gets the shared-operand flags. */
+static int
+describe_node(Describe *d, Node *node, const IdMap *index_of,
+              const Py_ssize_t *duplicate_of, PyObject *index_positions,
+              PyObject **operands_out, PyObject **signature_out,
+              PyObject **identity_out, PyObject **sources_out,
+              PyObject **shared_out)
+{
+    PyObject *inputs = node->inputs, *attrs = node->attrs;
+    if (inputs == NULL || !PyTuple_Check(inputs) || attrs == NULL
+            || !PyTuple_Check(attrs)) {
+        PyErr_Format(PyExc_TypeError, "node %lld: inputs and attrs must be "
+                     "tuples", node->id);
+        return -1;
+    }
+    /* Held: the callbacks below run Python code. */
+    Py_INCREF(inputs);
+    Py_INCREF(attrs);
+    Py_ssize_t count = PyTuple_GET_SIZE(inputs), attr_count = PyTuple_GET_SIZE(attrs);
+    PyObject *operands = PyList_New(count);
+    PyObject *signature = PyTuple_New(3 + count);
+    PyObject *identity = PyTuple_New(count);
+    PyObject *shared = PyTuple_New(count);
+    PyObject *types = PyTuple_New(attr_count);
+    Py_ssize_t *sources = PyMem_New(Py_ssize_t, count + 1), source_count = 0;
+    if (operands == NULL || signature == NULL || identity == NULL
+            || shared == NULL || types == NULL || sources == NULL) {
+        Py_XDECREF(types);
+        if (sources == NULL)
+            PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < attr_count; i++)
+        PyTuple_SET_ITEM(types, i, Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(attrs, i))));
+    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->row));
+    PyTuple_SET_ITEM(signature, 1, Py_NewRef(attrs));
+    PyTuple_SET_ITEM(signature, 2, types);
+    for (Py_ssize_t position = 0; position < count; position++) {
+        PyObject *operand = PyTuple_GET_ITEM(inputs, position);
+        PyObject *described = NULL, *part = NULL, *key = NULL;
+        int is_shared = 0;
+        if (Py_IS_TYPE(operand, node_type)) {
+            Node *source = (Node *)operand;
+            Py_ssize_t index = idmap_get(index_of, source->id);
+            PyObject *pick = Py_None;
+            if (source->row == d->access_row && index >= 0) {
+                /* Read the picked output of the multi-output node. */
+                if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
+                        || !PyTuple_Check(source->inputs)
+                        || PyTuple_GET_SIZE(source->inputs) < 1
+                        || !Py_IS_TYPE(PyTuple_GET_ITEM(source->inputs, 0), node_type)) {
+                    PyErr_SetString(PyExc_TypeError, "a malformed access node");
+                    goto fail;
+                }
+                pick = PyTuple_GET_ITEM(source->attrs, 0);
+                source = (Node *)PyTuple_GET_ITEM(source->inputs, 0);
+                index = idmap_get(index_of, source->id);
+                if (index < 0) {
+                    PyErr_Format(PyExc_KeyError, "%lld", source->id);
+                    goto fail;
+                }
+            }
+            if (index >= 0) {
+                index = duplicate_of[index];
+                Py_ssize_t k = 0;
+                while (k < source_count && sources[k] != index)
+                    k++;
+                if (k == source_count)
+                    sources[source_count++] = index;
+            }
+            described = new_node_operand(d, index, pick, (PyObject *)source);
+            if (source->spec == NULL) {
+                PyErr_SetString(PyExc_AttributeError, "an operand node has no spec");
+                Py_XDECREF(described);
+                goto fail;
+            }
+            part = pick == Py_None ? Py_NewRef(source->spec)
+                                   : PyObject_GetItem(source->spec, pick);
+            key = index >= 0 ? tuple_of_index(index, pick)
+                             : PyLong_FromVoidPtr(source);
+        }
+        else {
+            int kind = operand_kind(d, operand);
+            if (kind < 0)
+                goto fail;
+            int is_index = 0;
+            if (kind == KIND_NUMBER) {
+                PyObject *number = PyLong_FromSsize_t(position);
+                is_index = number == NULL ? -1
+                                          : PySequence_Contains(index_positions, number);
+                Py_XDECREF(number);
+                if (is_index < 0)
+                    goto fail;
+            }
+            described = Py_NewRef(operand);
+            if (kind == KIND_NUMBER && !is_index) {
+                /* A constant such as the 0.5 in x * 0.5: shared by value. */
+                part = PyTuple_Pack(2, (PyObject *)Py_TYPE(operand), operand);
+                key = Py_NewRef(Py_None);
+                is_shared = 1;
+            }
+            else if (kind == KIND_TENSOR || kind == KIND_VARIABLE) {
+                PyObject *address = PyLong_FromVoidPtr(operand);
+                part = address == NULL ? NULL
+                                       : PyTuple_Pack(2, d->str_shared, address);
+                Py_XDECREF(address);
+                key = Py_NewRef(Py_None);
+                is_shared = 1;
+            }
+            else {   /* lists, arrays and indices: per instance, stacked */
+                part = PyObject_CallOneArg(d->spec_of_foreign, operand);
+                key = part == NULL ? NULL
+                                   : PyObject_CallOneArg(d->value_key, operand);
+            }
+        }
+        if (described == NULL || part == NULL || key == NULL) {
+            Py_XDECREF(described);
+            Py_XDECREF(part);
+            Py_XDECREF(key);
+            goto fail;
+        }
+        PyList_SET_ITEM(operands, position, described);
+        PyTuple_SET_ITEM(signature, 3 + position, part);
+        PyTuple_SET_ITEM(identity, position, key);
+        PyTuple_SET_ITEM(shared, position, Py_NewRef(is_shared ? Py_True : Py_False));
+    }
+    *sources_out = PyTuple_New(source_count);
+    if (*sources_out == NULL)
+        goto fail;
+    for (Py_ssize_t k = 0; k < source_count; k++) {
+        PyObject *number = PyLong_FromSsize_t(sources[k]);
+        if (number == NULL) {
+            Py_CLEAR(*sources_out);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(*sources_out, k, number);
+    }
+    PyMem_Free(sources);
+    Py_DECREF(inputs);
+    Py_DECREF(attrs);
+    *operands_out = operands;
+    *signature_out = signature;
+    *identity_out = identity;
+    *shared_out = shared;
+    return 0;
+fail:
+    PyMem_Free(sources);
+    Py_DECREF(inputs);
+    Py_DECREF(attrs);
+    Py_XDECREF(operands);
+    Py_XDECREF(signature);
+    Py_XDECREF(identity);
+    Py_XDECREF(shared);
+    return -1;
+}
+
+/* Whether a node's work is never shared (a lookup of a variable's rows):
+ * row_info's ``gathers`` is a bool, or the position of the operand that
+ * makes it so when it is a variable, or None. */
+static int
+keeps_own_row(Describe *d, Node *node, PyObject *gathers)
+{
+    if (gathers == Py_None)
+        return 0;
+    if (PyBool_Check(gathers))
+        return gathers == Py_True;
+    Py_ssize_t position = PyLong_AsSsize_t(gathers);
+    if (position == -1 && PyErr_Occurred())
+        return -1;
+    if (position < 0 || position >= PyTuple_GET_SIZE(node->inputs)) {
+        PyErr_SetString(PyExc_IndexError, "gathers_from is not an operand");
+        return -1;
+    }
+    PyObject *operand = PyTuple_GET_ITEM(node->inputs, position);
+    if (Py_IS_TYPE(operand, node_type))
+        return 0;
+    int kind = operand_kind(d, operand);
+    return kind < 0 ? -1 : kind == KIND_VARIABLE;
+}
+
+PyDoc_STRVAR(describe_graph_doc,
+"describe_graph(nodes, access_row, node_operand, row_info, kind_of,\n"
+"               spec_of_foreign, value_key, take_output)\n--\n\n"
+"BatchGraph's loop over its nodes (see batch/graph.py, which gives the\n"
+"callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
+"shared_operand).");
+
+static PyObject *
+describe_graph(PyObject *module, PyObject *args)
+{
+    PyObject *nodes;
+    Describe d = {0};
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO:describe_graph", &PyList_Type,
+                          &nodes, &d.access_row, &d.node_operand, &d.row_info,
+                          &d.kind_of, &d.spec_of_foreign, &d.value_key,
+                          &d.take_output))
+        return NULL;
+    /* The nodes are held by a tuple of our own: callbacks run Python code,
+     * which could change the list. */
+    nodes = PyList_AsTuple(nodes);
+    if (nodes == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!Py_IS_TYPE(PyTuple_GET_ITEM(nodes, i), node_type)) {
+            PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
+            Py_DECREF(nodes);
+            return NULL;
+        }
+    }
+    IdMap index_of = {0};
+    Py_ssize_t *type_of = PyMem_New(Py_ssize_t, count + 1);
+    Py_ssize_t *duplicate_of = PyMem_New(Py_ssize_t, count + 1);
+    PyObject *operands = PyList_New(count), *sources = PyList_New(count);
+    PyObject *signatures = PyList_New(0), *shared_operand = PyList_New(0);
+    PyObject *work_seen = PyDict_New(), *signature_types = PyDict_New();
+    PyObject *result = NULL;
+    d.row_cache = PyDict_New();
+    d.kind_cache = PyDict_New();
+    d.str_shared = PyUnicode_InternFromString("shared");
+    if (type_of == NULL || duplicate_of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (operands == NULL || sources == NULL || signatures == NULL
+            || shared_operand == NULL || work_seen == NULL
+            || signature_types == NULL || d.row_cache == NULL
+            || d.kind_cache == NULL || d.str_shared == NULL
+            || idmap_init(&index_of, count) < 0)
+        goto done;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        Node *node = (Node *)PyTuple_GET_ITEM(nodes, index);
+        if (node->row == NULL || node->inputs == NULL || !PyTuple_Check(node->inputs)) {
+            PyErr_Format(PyExc_TypeError, "node %lld has no row or inputs tuple",
+                         node->id);
+            goto done;
+        }
+        if (node->row == d.access_row) {
+            if (PyTuple_GET_SIZE(node->inputs) < 1
+                    || !Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type)) {
+                PyErr_SetString(PyExc_TypeError, "a malformed access node");
+                goto done;
+            }
+            PyObject *source = Py_NewRef(PyTuple_GET_ITEM(node->inputs, 0));
+            Py_ssize_t source_index = idmap_get(&index_of, ((Node *)source)->id);
+            if (source_index < 0) {   /* its op ran in an earlier evaluation */
+                PyObject *done = PyObject_CallFunctionObjArgs(
+                    d.take_output, (PyObject *)node, source, NULL);
+                if (done == NULL) {
+                    Py_DECREF(source);
+                    goto done;
+                }
+                Py_DECREF(done);
+            }
+            else
+                idmap_put(&index_of, node->id, index);
+            PyObject *operand = new_node_operand(&d, source_index, Py_None, source);
+            Py_DECREF(source);
+            PyObject *list = operand == NULL ? NULL : PyList_New(1);
+            if (list == NULL) {
+                Py_XDECREF(operand);
+                goto done;
+            }
+            PyList_SET_ITEM(list, 0, operand);
+            PyList_SET_ITEM(operands, index, list);
+            PyObject *from = source_index < 0 ? PyTuple_New(0)
+                : Py_BuildValue("(n)", duplicate_of[source_index]);
+            if (from == NULL)
+                goto done;
+            PyList_SET_ITEM(sources, index, from);
+            type_of[index] = -1;
+            duplicate_of[index] = index;
+            continue;
+        }
+        idmap_put(&index_of, node->id, index);
+        PyObject *entry = row_entry(&d, node->row);
+        if (entry == NULL)
+            goto done;
+        PyObject *node_operands, *signature, *identity, *node_sources, *shared;
+        if (describe_node(&d, node, &index_of, duplicate_of,
+                          PyTuple_GET_ITEM(entry, 0), &node_operands,
+                          &signature, &identity, &node_sources, &shared) < 0)
+            goto done;
+        PyList_SET_ITEM(operands, index, node_operands);
+        PyList_SET_ITEM(sources, index, node_sources);
+        int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(entry, 1));
+        PyObject *key = own < 0 ? NULL
+            : own ? PyLong_FromSsize_t(index) : PyTuple_Pack(2, signature, identity);
+        Py_DECREF(identity);
+        PyObject *earlier = key == NULL ? NULL : PyDict_GetItemWithError(work_seen, key);
+        if (earlier != NULL) {
+            Py_DECREF(key);
+            Py_DECREF(signature);
+            Py_DECREF(shared);
+            type_of[index] = -1;
+            duplicate_of[index] = PyLong_AsSsize_t(earlier);
+            continue;
+        }
+        PyObject *number = NULL;
+        if (key == NULL || PyErr_Occurred()
+                || (number = PyLong_FromSsize_t(index)) == NULL
+                || PyDict_SetItem(work_seen, key, number) < 0) {
+            Py_XDECREF(number);
+            Py_XDECREF(key);
+            Py_DECREF(signature);
+            Py_DECREF(shared);
+            goto done;
+        }
+        Py_DECREF(number);
+        Py_DECREF(key);
+        PyObject *known = PyDict_GetItemWithError(signature_types, signature);
+        Py_ssize_t node_type_index;
+        if (known != NULL)
+            node_type_index = PyLong_AsSsize_t(known);
+        else {
+            node_type_index = PyList_GET_SIZE(signatures);
+            PyObject *type_number = PyErr_Occurred() ? NULL
+                                    : PyLong_FromSsize_t(node_type_index);
+            int failed = type_number == NULL
+                || PyDict_SetItem(signature_types, signature, type_number) < 0
+                || PyList_Append(signatures, signature) < 0
+                || PyList_Append(shared_operand, shared) < 0;
+            Py_XDECREF(type_number);
+            if (failed) {
+                Py_DECREF(signature);
+                Py_DECREF(shared);
+                goto done;
+            }
+        }
+        Py_DECREF(signature);
+        Py_DECREF(shared);
+        type_of[index] = node_type_index;
+        duplicate_of[index] = index;
+    }
+    PyObject *type_list = int_list(type_of, count);
+    PyObject *duplicate_list = int_list(duplicate_of, count);
+    if (type_list != NULL && duplicate_list != NULL)
+        result = PyTuple_Pack(6, type_list, duplicate_list, operands, sources,
+                              signatures, shared_operand);
+    Py_XDECREF(type_list);
+    Py_XDECREF(duplicate_list);
+done:
+    PyMem_Free(index_of.keys);
+    PyMem_Free(index_of.values);
+    PyMem_Free(type_of);
+    PyMem_Free(duplicate_of);
+    Py_XDECREF(operands);
+    Py_XDECREF(sources);
+    Py_XDECREF(signatures);
+    Py_XDECREF(shared_operand);
+    Py_XDECREF(work_seen);
+    Py_XDECREF(signature_types);
+    Py_XDECREF(d.row_cache);
+    Py_XDECREF(d.kind_cache);
+    Py_XDECREF(d.str_shared);
+    Py_DECREF(nodes);
+    return result;
+}
+
 /* -- registration ----------------------------------------------------------- */
 
 static PyMethodDef analysis_methods[] = {
@@ -607,6 +1100,7 @@ static PyMethodDef analysis_methods[] = {
     {"depths", depths, METH_VARARGS, depths_doc},
     {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
     {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},
+    {"describe_graph", describe_graph, METH_VARARGS, describe_graph_doc},
     {NULL},
 };
 

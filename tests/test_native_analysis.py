@@ -6,16 +6,21 @@ must raise clean exceptions."""
 
 import numpy as np
 import pytest
+import tensorflow
 from hypothesis import given, settings, strategies as st
 
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
-from subgraphjit.batch.graph import BatchGraph
+from subgraphjit.batch import graph as graph_module
+from subgraphjit.batch.graph import BatchGraph, NodeOperand
 from subgraphjit.batch.schedulers import (AgendaScheduler, DepthScheduler,
                                           depths, schedule)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
+from subgraphjit.patch.record import ACCESS
+from subgraphjit.patch.spec import is_variable, spec_of_foreign
 from experiments.example_models import MODELS
+from test_patterns import parameters  # noqa: F401 (fixture)
 
 
 # -- references ---------------------------------------------------------------
@@ -300,3 +305,179 @@ def test_depths_of_bad_input_raise_clean_errors():
         _native.depths([0, 0], [(), (1,)])
     with pytest.raises(TypeError):
         _native.depths([None], [()])
+
+
+# -- BatchGraph -----------------------------------------------------------------
+
+class ReferenceGraph:
+    """BatchGraph's description of its nodes as the Python before issue 17
+    gave it (batch/graph.py)."""
+
+    def __init__(self, nodes):
+        index_of, signature_types, work_seen = {}, {}, {}
+        self.signatures, self.type_of, self.operands = [], [], []
+        self.duplicate_of, self.shared_operand, self.sources = [], [], []
+        for index, node in enumerate(nodes):
+            if node.row is ACCESS:
+                source = node.inputs[0]
+                source_index = index_of.get(source.id, -1)
+                if source_index < 0:
+                    graph_module._take_output(node, source)
+                else:
+                    index_of[node.id] = index
+                self.operands.append([(source_index, None, source)])
+                self.sources.append(
+                    (self.duplicate_of[source_index],) if source_index >= 0 else ())
+                self.type_of.append(-1)
+                self.duplicate_of.append(index)
+                continue
+            index_of[node.id] = index
+            operands, signature, identity, sources = self._describe(node, index_of)
+            self.operands.append(operands)
+            self.sources.append(sources)
+            identity_key = (signature, identity)
+            if reference_gathers_variable_rows(node):
+                identity_key = index
+            earlier = work_seen.get(identity_key)
+            if earlier is not None:
+                self.type_of.append(-1)
+                self.duplicate_of.append(earlier)
+                continue
+            work_seen[identity_key] = index
+            node_type = signature_types.get(signature)
+            if node_type is None:
+                node_type = signature_types[signature] = len(self.signatures)
+                self.signatures.append(signature)
+                self.shared_operand.append(tuple(
+                    not isinstance(operand, tuple)
+                    and reference_is_shared(operand, position in node.row.index_positions)
+                    for position, operand in enumerate(operands)))
+            self.type_of.append(node_type)
+            self.duplicate_of.append(index)
+
+    def _describe(self, node, index_of):
+        operands = []
+        signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
+        identity = []
+        sources = ()
+        for position, operand in enumerate(node.inputs):
+            if type(operand) is VirtualNode:
+                operand_index = index_of.get(operand.id, -1)
+                pick = None
+                if operand.row is ACCESS and operand_index >= 0:
+                    pick = operand.attrs[0]
+                    operand = operand.inputs[0]
+                    operand_index = index_of[operand.id]
+                if operand_index >= 0:
+                    operand_index = self.duplicate_of[operand_index]
+                    if operand_index not in sources:
+                        sources += (operand_index,)
+                operands.append((operand_index, pick, operand))
+                signature.append(operand.spec if pick is None else operand.spec[pick])
+                identity.append((operand_index, pick) if operand_index >= 0
+                                else id(operand))
+            elif graph_module._is_number(operand) \
+                    and position not in node.row.index_positions:
+                operands.append(operand)
+                signature.append((type(operand), operand))
+                identity.append(None)
+            elif isinstance(operand, tensorflow.Tensor) or is_variable(operand):
+                operands.append(operand)
+                signature.append(("shared", id(operand)))
+                identity.append(None)
+            else:
+                operands.append(operand)
+                signature.append(spec_of_foreign(operand))
+                identity.append(graph_module._value_key(operand))
+        return operands, tuple(signature), tuple(identity), sources
+
+
+def reference_gathers_variable_rows(node):
+    row = node.row
+    if row.family == "pattern":
+        return row.pattern.gathers_variable_rows
+    return row.gathers_from is not None and is_variable(node.inputs[row.gathers_from])
+
+
+def reference_is_shared(operand, is_index):
+    if graph_module._is_number(operand):
+        return not is_index
+    return isinstance(operand, tensorflow.Tensor) or is_variable(operand)
+
+
+def assert_same_description(nodes):
+    graph, reference = BatchGraph(nodes), ReferenceGraph(nodes)
+    for field in ("type_of", "duplicate_of", "sources", "signatures", "shared_operand"):
+        assert getattr(graph, field) == getattr(reference, field), field
+    assert len(graph.operands) == len(reference.operands)
+    for row, expected in zip(graph.operands, reference.operands):
+        assert len(row) == len(expected)
+        for operand, wanted in zip(row, expected):
+            if isinstance(wanted, tuple):
+                assert isinstance(operand, NodeOperand)
+                assert (operand.index, operand.pick) == wanted[:2]
+                assert operand.node is wanted[2]
+            else:
+                assert operand is wanted
+    return graph
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_descriptions_of_recorded_graphs_match_the_reference(name):
+    with tf.GradientTape():
+        losses = recorded_losses(name, seed=len(name), count=6)
+        assert_same_description(unevaluated_ancestors(losses))
+
+
+def test_descriptions_of_pattern_graphs_match_the_reference(parameters):
+    """Subgraph granularity: pattern rows, joined multi-output patterns,
+    and access nodes of ops evaluated earlier."""
+    parameters(granularity="subgraph", collect=1, fuse=True)
+    rng = np.random.default_rng(5)
+    model = MODELS["tree_lstm"](rng)
+    for _ in range(2):
+        with tf.GradientTape():
+            losses = [model.loss(tf, example) for example in model.random_examples(rng, 5)]
+            nodes = unevaluated_ancestors(losses)
+            assert_same_description(nodes)
+    assert tf.stats()["pattern_matches"] > 0
+
+
+def test_foreign_operands_and_duplicates_match_the_reference():
+    x = tensorflow.constant(np.ones((2, 3), np.float32))
+    w = tensorflow.Variable(np.ones((3, 3), np.float32))
+    with tf.GradientTape():
+        a = tf.matmul(x, w)
+        nodes = [a, tf.matmul(x, w), a * 0.5, a * np.float32(0.5), a * 0.5,
+                 tf.gather(a, [1, 0]), tf.gather(a, [1, 0]), tf.gather(a, np.array([0])),
+                 tf.nn.embedding_lookup(w, [1]), tf.nn.embedding_lookup(w, [1]),
+                 a + x, tf.split(a, 3, axis=1)[1] * 2.0]
+        nodes = unevaluated_ancestors(nodes)
+        graph = assert_same_description(nodes)
+        assert -1 in graph.type_of
+
+
+def test_describe_graph_bad_input_raises_clean_errors():
+    helpers = (ACCESS, NodeOperand, graph_module._row_info, graph_module._kind_of,
+               spec_of_foreign, graph_module._value_key, graph_module._take_output)
+    with pytest.raises(TypeError):
+        _native.describe_graph((), *helpers)           # not a list
+    with pytest.raises(TypeError):
+        _native.describe_graph([1], *helpers)
+    with pytest.raises(TypeError):
+        _native.describe_graph([])
+    assert _native.describe_graph([], *helpers) == ([], [], [], [], [], [])
+    odd = make_node(1, [])
+    odd.inputs = [2]
+    with pytest.raises(TypeError):
+        _native.describe_graph([odd], *helpers)
+    del odd.row
+    with pytest.raises(TypeError):
+        _native.describe_graph([odd], *helpers)
+    with pytest.raises(AttributeError):                # row_info's error
+        _native.describe_graph([make_node(2, [object()])], *helpers)
+    row = tf.tanh(tensorflow.constant([1.0])).row
+    node = VirtualNode(3, row, (object(),), (), None, None)
+    bad_kind = helpers[:3] + (lambda operand: 9,) + helpers[4:]
+    with pytest.raises(ValueError):
+        _native.describe_graph([node], *bad_kind)

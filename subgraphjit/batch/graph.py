@@ -22,7 +22,7 @@ their outputs are not scheduled, their consumers read the picked output.
 import numpy as np
 import tensorflow as tf
 
-from ..patch.node import VirtualNode
+from .. import _native
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable, spec_of_foreign
 
@@ -41,98 +41,22 @@ class BatchGraph:
 
     def __init__(self, nodes):
         self.nodes = nodes
-        # Filled as we go: operands always come before their consumers.
-        index_of = {}
-        self.signatures = []
-        signature_types = {}
-        work_seen = {}
-        self.type_of = []
-        self.operands = []
-        self.duplicate_of = []
-        self.shared_operand = []   # per type: which operand positions are shared
-        # In-graph operand nodes of each node (canonical indices), for the
-        # schedulers' dependency bookkeeping.
-        self.sources = []
         self._type_names = None
-        for index, node in enumerate(nodes):
-            if node.row is ACCESS:
-                source = node.inputs[0]
-                source_index = index_of.get(source.id, -1)
-                if source_index < 0:  # its op ran in an earlier evaluation
-                    _take_output(node, source)
-                else:
-                    index_of[node.id] = index
-                self.operands.append([NodeOperand(source_index, None, source)])
-                self.sources.append(
-                    (self.duplicate_of[source_index],) if source_index >= 0 else ())
-                self.type_of.append(-1)
-                self.duplicate_of.append(index)
-                continue
-            index_of[node.id] = index
-            operands, signature, identity, sources = self._describe(node, index_of)
-            self.operands.append(operands)
-            self.sources.append(sources)
-            identity_key = (signature, identity)
-            if _gathers_variable_rows(node):
-                identity_key = index   # never a duplicate (module docstring)
-            earlier = work_seen.get(identity_key)
-            if earlier is not None:
-                self.type_of.append(-1)
-                self.duplicate_of.append(earlier)
-                continue
-            work_seen[identity_key] = index
-            node_type = signature_types.get(signature)
-            if node_type is None:
-                node_type = signature_types[signature] = len(self.signatures)
-                self.signatures.append(signature)
-                self.shared_operand.append(tuple(
-                    not isinstance(operand, NodeOperand)
-                    and _is_shared(operand, position in node.row.index_positions)
-                    for position, operand in enumerate(operands)))
-            self.type_of.append(node_type)
-            self.duplicate_of.append(index)
-
-    def _describe(self, node, index_of):
-        """Operands, batching signature, identity of the node's work, and
-        the in-graph nodes it reads."""
-        operands = []
-        signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
-        identity = []
-        sources = ()
-        index_positions = node.row.index_positions
-        for position, operand in enumerate(node.inputs):
-            if type(operand) is VirtualNode:
-                operand_index = index_of.get(operand.id, -1)
-                pick = None
-                if operand.row is ACCESS and operand_index >= 0:
-                    # Read the picked output of the multi-output node directly.
-                    pick = operand.attrs[0]
-                    operand = operand.inputs[0]
-                    operand_index = index_of[operand.id]
-                if operand_index >= 0:
-                    operand_index = self.duplicate_of[operand_index]
-                    if operand_index not in sources:
-                        sources += (operand_index,)
-                operands.append(NodeOperand(operand_index, pick, operand))
-                signature.append(operand.spec if pick is None
-                                 else operand.spec[pick])
-                identity.append((operand_index, pick) if operand_index >= 0
-                                else id(operand))
-            elif _is_number(operand) and position not in index_positions:
-                # A constant such as the 0.5 in ``x * 0.5`` (or a NumPy
-                # scalar, ``x / np.sqrt(d)``): shared by value.
-                operands.append(operand)
-                signature.append((type(operand), operand))
-                identity.append(None)
-            elif isinstance(operand, tf.Tensor) or is_variable(operand):
-                operands.append(operand)
-                signature.append(("shared", id(operand)))
-                identity.append(None)
-            else:  # lists, arrays and indices: per instance, stacked
-                operands.append(operand)
-                signature.append(spec_of_foreign(operand))
-                identity.append(_value_key(operand))
-        return operands, tuple(signature), tuple(identity), sources
+        # The loop over the nodes is in C (describe_graph in
+        # native/analysis.c): for each node, in order (operands come before
+        # their consumers), its operands, batching signature and identity,
+        # as described in the module docstring.  Rare cases call back here:
+        # an operand's kind (by type), a row's index positions and whether
+        # its lookups keep their own rows, foreign operands' specs and value
+        # keys, and access nodes of ops evaluated earlier.
+        # ``shared_operand``, per type: which operand positions are shared;
+        # ``sources``: in-graph operand nodes of each node (canonical
+        # indices), for the schedulers' dependency bookkeeping.
+        (self.type_of, self.duplicate_of, self.operands, self.sources,
+         self.signatures, self.shared_operand) = _native.describe_graph(
+            nodes if type(nodes) is list else list(nodes), ACCESS,
+            NodeOperand, _row_info, _kind_of, spec_of_foreign, _value_key,
+            _take_output)
 
     def __len__(self):
         return len(self.nodes)
@@ -187,11 +111,26 @@ def _stable_name(node, operands):
     return " ".join(parts)
 
 
-def _gathers_variable_rows(node):
-    row = node.row
+def _row_info(row):
+    """(index positions, which lookups keep their own row): ``gathers`` is
+    True/False for a pattern, else the operand position whose being a
+    variable makes the node a lookup of its rows (module docstring), or
+    None."""
     if row.family == "pattern":
-        return row.pattern.gathers_variable_rows
-    return row.gathers_from is not None and is_variable(node.inputs[row.gathers_from])
+        return row.index_positions, bool(row.pattern.gathers_variable_rows)
+    return row.index_positions, row.gathers_from
+
+
+# Kinds of a foreign operand (by its type), as describe_graph reads them.
+_NUMBER, _TENSOR, _VARIABLE, _OTHER = range(4)
+
+
+def _kind_of(operand):
+    if _is_number(operand):
+        return _NUMBER
+    if is_variable(operand):
+        return _VARIABLE
+    return _TENSOR if isinstance(operand, tf.Tensor) else _OTHER
 
 
 def _value_key(value):
@@ -202,12 +141,6 @@ def _value_key(value):
 
 def _is_number(operand):
     return type(operand) in _PYTHON_NUMBERS or isinstance(operand, np.generic)
-
-
-def _is_shared(operand, is_index):
-    if _is_number(operand):
-        return not is_index
-    return isinstance(operand, tf.Tensor) or is_variable(operand)
 
 
 class NodeOperand:
