@@ -116,17 +116,19 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
     written = [0] * len(program.buffers)
     inputs = [len(values) + len(nodes) for values, nodes in
               zip(program.input_values, program.input_nodes)]
-    for s, kind_number in enumerate(program.step_kinds):
-        kind, count = program.kinds[kind_number], program.counts[s]
-        for position, (operand_kind, buffer) in enumerate(kind.operands):
+    for kind_number, count, start, *output_starts in program.steps:
+        kind = program.kinds[kind_number]
+        for operand_kind, buffer in kind.operands:
             if operand_kind == plans.ROWS:
-                start = program.starts[s][position]
-                for row in program.rows[start:start + count]:
+                start += count
+                for row in program.rows[start - count:start]:
                     computed = program.computed[buffer]
                     assert row < written[buffer] or \
                         computed <= row < computed + inputs[buffer]
         for number, buffer in enumerate(kind.outputs):
-            assert program.output_starts[s][number] == written[buffer]
+            if buffer is None:
+                continue
+            assert output_starts[number] == written[buffer]
             written[buffer] += count
     assert written == program.computed
     for index in range(len(graph)):

@@ -60,17 +60,18 @@ class Kind:
 
 class Program:
     """``kinds`` and ``buffers`` (the (dtype, row shape) of each; both in a
-    fixed order, so that equal keys mean equal programs); per step, its
-    kind, instance count, operand row starts and output row starts;
-    ``rows``: every per-instance operand's rows, flat; per buffer, how many
-    rows the steps compute (``computed``) and the inputs that follow them
+    fixed order, so that equal keys mean equal programs); ``steps``: per
+    step, [kind, instance count, where its rows start in ``rows``, where
+    each output's rows start in its buffer]; ``rows``: per step, the rows
+    of each per-instance operand in turn, flat; per buffer, how many rows
+    the steps compute (``computed``) and the inputs that follow them
     (``input_nodes``, ``input_values``)."""
 
     def __init__(self, kinds, buffers):
         self.kinds = kinds
         self.buffers = buffers
         self.key = (tuple(buffers), tuple(kind.key() for kind in kinds))
-        self.step_kinds, self.counts, self.starts, self.output_starts = [], [], [], []
+        self.steps = []
         self.rows = []
         self.computed = [0] * len(buffers)
         self.input_values = [[] for _ in buffers]   # Python values, stacked first
@@ -135,11 +136,13 @@ def _read_outputs(graph, required):
     required = {node.id for node in required}
     type_of, duplicate_of, operands = graph.type_of, graph.duplicate_of, graph.operands
     read = set()
+    for index, node_type in enumerate(type_of):
+        if node_type >= 0:   # (a duplicate reads what its original reads)
+            for operand in operands[index]:
+                # (An operand's index is its original's already.)
+                if type(operand) is NodeOperand and operand.index >= 0:
+                    read.add((type_of[operand.index], operand.pick or 0))
     for index, node in enumerate(graph.nodes):
-        for operand in operands[index]:
-            if isinstance(operand, NodeOperand) and operand.index >= 0:
-                source = duplicate_of[operand.index]
-                read.add((type_of[source], operand.pick or 0))
         if node.consumers == 0 or node.id in required:
             if node.row is ACCESS:
                 source = operands[index][0].index
@@ -178,15 +181,13 @@ class _Filler:
 
     def fill(self, batches):
         graph, program = self.graph, self.program
-        width = max((len(kind.operands) for kind in program.kinds), default=0)
         outputs_width = max(len(kind.outputs) for kind in program.kinds)
         for batch in batches:
             kind_number = self.kind_of_type[graph.type_of[batch[0]]]
             kind = program.kinds[kind_number]
-            starts = [0] * width
+            step = [kind_number, len(batch), len(program.rows)]
             for position, (operand_kind, buffer) in enumerate(kind.operands):
                 if operand_kind == ROWS:
-                    starts[position] = len(program.rows)
                     program.rows.extend(self._rows(batch, position, buffer))
             output_starts = [0] * outputs_width
             multi_output = kind.row.multi_output
@@ -199,10 +200,7 @@ class _Filler:
                           (buffer, output_starts[number] + offset)
                           for number, buffer in enumerate(kind.outputs)]
                 self.locations[index] = places if multi_output else places[0]
-            program.step_kinds.append(kind_number)
-            program.counts.append(len(batch))
-            program.starts.append(starts)
-            program.output_starts.append(output_starts)
+            program.steps.append(step + output_starts)
         self._locate_the_rest()
         program.locations = self.locations
 

@@ -4,7 +4,7 @@ The forward is a ``tf.while_loop`` over the program's steps: each iteration
 picks the step's kind (``tf.switch_case``), gathers its operands' rows from
 the buffers, runs the kind's batch rule or pattern on them, and writes its
 results' rows.  Shapes are dynamic, so one trace serves every minibatch
-whose program has the same key (``plan.py``): the steps' kinds, counts and
+whose program has the same key (``plan.py``): the table of steps and the
 rows are arguments.
 
 TensorFlow would differentiate the loop by saving every iteration's
@@ -177,9 +177,9 @@ class _Compiled:
         self.sums = {number: _scratch(self.shared.values[number].shape,
                                       self.shared.values[number].dtype)
                      for number in self.dense}
-        steps = [tf.TensorSpec((None,), tf.int32)] * 2 + [
-            tf.TensorSpec((None, None), tf.int32)] * 2 + [
-            tf.TensorSpec((None,), tf.int32)]
+        self.width = 3 + max(len(kind.outputs) for kind in self.kinds)
+        steps = [tf.TensorSpec((None, self.width), tf.int32),
+                 tf.TensorSpec((None,), tf.int32)]
         sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
         shared = [tf.TensorSpec(value.shape, value.dtype) for value in self.shared.values]
@@ -196,29 +196,31 @@ class _Compiled:
     def _forward(self, *arguments):
         """Every buffer, computed: zeros for the steps' rows, then the
         inputs' rows, written step by step."""
-        kinds_of_steps, counts, starts, output_starts, rows, sizes = arguments[:6]
+        table, rows, sizes = arguments[:3]
         count = len(self.buffers)
-        inputs = arguments[6:6 + count]
-        shared = list(arguments[6 + count:])
+        inputs = arguments[3:3 + count]
+        shared = list(arguments[3 + count:])
         for b, (dtype, shape) in enumerate(self.buffers):
             self.values[b].assign(tf.concat([_zeros(sizes[b], shape, dtype), inputs[b]], 0))
 
         def step(s):
+            info = tf.unstack(tf.gather(table, s), num=self.width)
+
             def branch(kind_number):
                 def run():
                     kind = self.kinds[kind_number]
-                    values = self._operands(kind_number, s, counts, starts, rows, shared)
-                    results = self._run(kind_number, values, shared, counts[s])
+                    operand_rows, places = self._indices(kind_number, info, rows)
+                    values = self._operands(kind_number, operand_rows, shared)
+                    results = self._run(kind_number, values, shared, info[1])
                     for number, buffer in enumerate(kind.outputs):
-                        if buffer is None:
-                            continue
-                        self.values[buffer].scatter_update(tf.IndexedSlices(
-                            results[number], _span(output_starts[s, number], counts[s])))
+                        if buffer is not None:
+                            self.values[buffer].scatter_update(
+                                tf.IndexedSlices(results[number], places[number]))
                     return s + 1
                 return run
-            return self._switch(kinds_of_steps[s], branch)
+            return self._switch(info[0], branch)
 
-        steps = tf.shape(counts)[0]
+        steps = tf.shape(table)[0]
         done = tf.while_loop(lambda s: s < steps, step, (0,), parallel_iterations=1)
         with tf.control_dependencies(tf.nest.flatten(done)):
             return [value.read_value() for value in self.values]
@@ -228,14 +230,31 @@ class _Compiled:
             return branch(0)()
         return tf.switch_case(kind_number, [branch(k) for k in range(len(self.kinds))])
 
-    def _operands(self, kind_number, s, counts, starts, rows, shared):
-        """Each operand of step ``s``: its rows gathered, or the shared value."""
+    def _indices(self, kind_number, info, rows):
+        """A step's operand rows (by position) and output rows, from its
+        entry of the step table (``info``): a few ops, not a few per
+        operand (every op in the loop costs microseconds per step)."""
+        count, start = info[1], info[2]
+        kind = self.kinds[kind_number]
+        positions = [position for position, (operand_kind, _) in enumerate(kind.operands)
+                     if operand_kind == ROWS]
+        operand_rows = {}
+        if positions:
+            block = tf.gather(rows, tf.range(start, start + len(positions) * count))
+            operand_rows = dict(zip(positions, tf.unstack(
+                tf.reshape(block, [len(positions), -1]), num=len(positions))))
+        places = [None if buffer is None else tf.range(info[3 + number],
+                                                       info[3 + number] + count)
+                  for number, buffer in enumerate(kind.outputs)]
+        return operand_rows, places
+
+    def _operands(self, kind_number, operand_rows, shared):
+        """Each operand of a step: its rows gathered, or the shared value."""
         values = []
         places = self.shared.places[kind_number]
         for position, (operand_kind, value) in enumerate(self.kinds[kind_number].operands):
             if operand_kind == ROWS:
-                start = starts[s, position]
-                values.append(self.values[value].sparse_read(rows[start:start + counts[s]]))
+                values.append(self.values[value].sparse_read(operand_rows[position]))
             elif position in places:
                 values.append(shared[places[position]])
             else:
@@ -267,12 +286,12 @@ class _Compiled:
         """Gradients of the inputs' rows and of the shared values, given the
         forward's final buffers and each trainable buffer's upstream
         gradient."""
-        kinds_of_steps, counts, starts, output_starts, rows, sizes = arguments[:6]
+        table, rows, sizes = arguments[:3]
         count, shared_count = len(self.buffers), len(self.shared.values)
-        for variable, buffer in zip(self.values, arguments[6:6 + count]):
+        for variable, buffer in zip(self.values, arguments[3:3 + count]):
             variable.assign(buffer)
-        shared = list(arguments[6 + count:6 + count + shared_count])
-        for b, upstream in zip(self.trainable, arguments[6 + count + shared_count:]):
+        shared = list(arguments[3 + count:3 + count + shared_count])
+        for b, upstream in zip(self.trainable, arguments[3 + count + shared_count:]):
             self.adjoints[b].assign(upstream)
         for number, total in self.sums.items():
             total.assign(tf.zeros_like(shared[number]))
@@ -285,17 +304,16 @@ class _Compiled:
                                        element_shape=(None, *shared[number].shape[1:])),
                         tf.TensorArray(tf.int32, size=0, dynamic_size=True,
                                        infer_shape=False, element_shape=(None,))]
-        steps = tf.shape(counts)[0]
+        steps = tf.shape(table)[0]
 
         def step(k, entries):
-            s = steps - 1 - k
+            info = tf.unstack(tf.gather(table, steps - 1 - k), num=self.width)
 
             def branch(kind_number):
                 def run():
-                    return self._step_gradient(kind_number, s, k, counts, starts,
-                                               output_starts, rows, shared, entries)
+                    return self._step_gradient(kind_number, info, k, rows, shared, entries)
                 return run
-            flat = self._switch(kinds_of_steps[s], branch)
+            flat = self._switch(info[0], branch)
             return k + 1, list(flat) if entries else []
 
         done = tf.while_loop(lambda k, _: k < steps, step, (0, entries),
@@ -311,12 +329,12 @@ class _Compiled:
             inputs = [self.adjoints[b].read_value()[sizes[b]:] for b in self.trainable]
         return inputs, gradients
 
-    def _step_gradient(self, kind_number, s, k, counts, starts, output_starts, rows,
-                       shared, entries):
-        """Step ``s`` of the backward: its local gradient, given the upstream
+    def _step_gradient(self, kind_number, info, k, rows, shared, entries):
+        """One step of the backward: its local gradient, given the upstream
         rows of its outputs, added into the operands' adjoint rows, the
         shared values' sums, or the looked-up variables' entries."""
         kind = self.kinds[kind_number]
+        operand_rows, places = self._indices(kind_number, info, rows)
         used = sorted({number for number in _numbers(self.shared.places[kind_number])
                        if _trainable(shared[number].dtype)})
         with tf.GradientTape() as tape:
@@ -324,28 +342,26 @@ class _Compiled:
             for number in used:   # fresh tensors: a gradient of this step only
                 local_shared[number] = tf.identity(shared[number])
                 tape.watch(local_shared[number])
-            values = self._operands(kind_number, s, counts, starts, rows, local_shared)
+            values = self._operands(kind_number, operand_rows, local_shared)
             watched = [position for position, (operand_kind, buffer)
                        in enumerate(kind.operands)
                        if operand_kind == ROWS and buffer in self.adjoints]
             for position in watched:
                 tape.watch(values[position])
-            results = self._run(kind_number, values, local_shared, counts[s])
+            results = self._run(kind_number, values, local_shared, info[1])
         outputs, upstream = [], []
         for number, buffer in enumerate(kind.outputs):
             if buffer in self.adjoints:
                 outputs.append(results[number])
-                upstream.append(self.adjoints[buffer].sparse_read(
-                    _span(output_starts[s, number], counts[s])))
+                upstream.append(self.adjoints[buffer].sparse_read(places[number]))
         sources = [values[position] for position in watched] + [
             local_shared[number] for number in used]
         gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
                      if outputs and sources else [None] * len(sources))
         for position, gradient in zip(watched, gradients):
             if gradient is not None:
-                start = starts[s, position]
                 self.adjoints[kind.operands[position][1]].scatter_add(tf.IndexedSlices(
-                    tf.convert_to_tensor(gradient), rows[start:start + counts[s]]))
+                    tf.convert_to_tensor(gradient), operand_rows[position]))
         of_shared = dict(zip(used, gradients[len(watched):]))
         for number, total in self.sums.items():
             if of_shared.get(number) is not None:
@@ -370,12 +386,7 @@ class _Compiled:
     def __call__(self, program):
         """The program's buffers, computed; under a GradientTape, one op
         whose gradient is the backward call."""
-        arrays = [tf.constant(np.array(program.step_kinds, np.int32)),
-                  tf.constant(np.array(program.counts, np.int32)),
-                  tf.constant(np.array(program.starts, np.int32).reshape(
-                      len(program.counts), -1)),
-                  tf.constant(np.array(program.output_starts, np.int32).reshape(
-                      len(program.counts), -1)),
+        arrays = [tf.constant(np.array(program.steps, np.int32)),
                   tf.constant(np.array(program.rows, np.int32)),
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [_inputs(program, b, dtype, shape)
@@ -512,8 +523,8 @@ def run(program, compiled, graph, statistics):
     its row of a buffer."""
     outputs = compiled(program)
     statistics["program_runs"] += 1
-    statistics["program_steps"] += len(program.counts)
-    for kind_number, count in zip(program.step_kinds, program.counts):
+    statistics["program_steps"] += len(program.steps)
+    for kind_number, count, *_ in program.steps:
         statistics["batches"] += 1
         statistics["batch_sizes"][count] += 1
         row = program.kinds[kind_number].row
