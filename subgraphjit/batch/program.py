@@ -172,6 +172,7 @@ class _Compiled:
         self.dense = [number for number, value in enumerate(self.shared.values)
                       if _trainable(value.dtype) and number not in self.sparse]
         self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
+        self.no_rows = [tf.zeros((0, *shape), dtype) for dtype, shape in self.buffers]
         self.adjoints = {b: _scratch((None, *self.buffers[b][1]), self.buffers[b][0])
                          for b in self.trainable}
         self.sums = {number: _scratch(self.shared.values[number].shape,
@@ -385,12 +386,15 @@ class _Compiled:
     # -- one call --------------------------------------------------------------
     def __call__(self, program):
         """The program's buffers, computed; under a GradientTape, one op
-        whose gradient is the backward call."""
+        whose gradient is the backward call.  Only what can carry a
+        gradient to the user passes through that op: rows of nodes
+        evaluated earlier (in trainable buffers), shared tensors and the
+        variables."""
         arrays = [tf.constant(np.array(program.steps, np.int32)),
                   tf.constant(np.array(program.rows, np.int32)),
                   tf.constant(np.array(program.computed, np.int32))]
-        inputs = [_inputs(program, b, dtype, shape)
-                  for b, (dtype, shape) in enumerate(self.buffers)]
+        inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
+        carried = [b for b in self.trainable if program.input_nodes[b]]
         tensors = [value for value in self.shared.values if not is_variable(value)]
         compiled = self
 
@@ -399,8 +403,10 @@ class _Compiled:
             # Variables are read here, so that the tape knows them; all is
             # passed on unwatched, so that it records this one op, not the
             # loop's.
-            given_inputs = [tf.stop_gradient(value) for value in given[:len(inputs)]]
-            given_tensors = iter(given[len(inputs):])
+            given_inputs = list(inputs)
+            for b, value in zip(carried, given):
+                given_inputs[b] = tf.stop_gradient(value)
+            given_tensors = iter(given[len(carried):])
             shared = [tf.stop_gradient(tf.convert_to_tensor(value)
                                        if is_variable(value) else next(given_tensors))
                       for value in compiled.shared.values]
@@ -422,11 +428,25 @@ class _Compiled:
                 tensor_gradients = [gradient for value, gradient in
                                     zip(compiled.shared.values, shared_gradients)
                                     if not is_variable(value)]
-                return ([by_buffer.get(b) for b in range(len(inputs))] + tensor_gradients,
+                return ([by_buffer[b] for b in carried] + tensor_gradients,
                         [of_variable.get(id(variable)) for variable in variables or ()])
             return buffers, gradient
 
-        return run(*inputs, *tensors)
+        return run(*[inputs[b] for b in carried], *tensors)
+
+    def _inputs(self, program, buffer):
+        """The rows that follow a buffer's computed ones: stacked Python
+        values, then the values of nodes evaluated earlier."""
+        parts = []
+        dtype, shape = self.buffers[buffer]
+        if program.input_values[buffer]:
+            parts.append(tf.constant(np.array(program.input_values[buffer],
+                                              dtype.as_numpy_dtype)))
+        if program.input_nodes[buffer]:
+            parts.append(tf.stack([node.value() for node in program.input_nodes[buffer]]))
+        if not parts:
+            return self.no_rows[buffer]
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
 def _gradient(value, gradient):
@@ -441,20 +461,6 @@ def _gradient(value, gradient):
 def _underlying(variable):
     """The tf.Variable TensorFlow's tape sees read (a Keras 3 variable's)."""
     return variable if isinstance(variable, tf.Variable) else variable.value
-
-
-def _inputs(program, buffer, dtype, shape):
-    """The rows that follow a buffer's computed ones: stacked Python values,
-    then the values of nodes evaluated earlier."""
-    parts = []
-    if program.input_values[buffer]:
-        parts.append(tf.constant(np.array(program.input_values[buffer],
-                                          dtype.as_numpy_dtype)))
-    if program.input_nodes[buffer]:
-        parts.append(tf.stack([node.value() for node in program.input_nodes[buffer]]))
-    if not parts:
-        return tf.zeros((0, *shape), dtype)
-    return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
 def _looked_up(kind, places):
