@@ -91,11 +91,11 @@ PARAMETERS = {
         "with ED-Batch's PQ tree ('pq') so that operands are slices of "
         "earlier results instead of gathers"),
     "compile": Parameter(
-        0, int, lambda value: _positive_int(value) or value == 0,
-        "run an evaluation as one compiled TensorFlow call (a program in "
-        "depth rounds, batch/plan.py) once a program of its key has been "
-        "seen this many times; 0 (the default, faster today, see "
-        "BENCHMARKS.md): never, every batch runs as its own op"),
+        2, int, lambda value: _positive_int(value) or value == 0,
+        "run an evaluation as one compiled TensorFlow call (batch/plan.py, "
+        "batch/program.py) once a program of its key has been seen this "
+        "many times (2: when it recurs); 0: never, every batch runs as its "
+        "own op"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "

@@ -177,3 +177,42 @@ def test_an_output_no_node_reads_is_computed_when_asked():
         np.testing.assert_allclose(actual[2], expected[2], rtol=1e-5, atol=1e-6)
     finally:
         tf.set_parameter("compile", previous)
+
+
+def test_compiles_stop_when_the_budget_is_spent(compiled, monkeypatch):
+    """A model whose keys keep changing stops compiling; its evaluations
+    run step by step, with eager's results."""
+    monkeypatch.setattr(program, "BUDGET", 1)
+    rng = np.random.default_rng(12)
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+    for width in (1, 2, 1, 2):   # two keys, each seen twice
+        rows = [rng.normal(size=(width, 3)).astype(np.float32) for _ in range(2)]
+        with tf.batching():
+            values = [tf.tanh(tf.matmul(row, weight)) for row in rows]
+        for value, row in zip(values, rows):
+            np.testing.assert_allclose(value.numpy(), np.tanh(row @ weight.numpy()),
+                                       rtol=1e-5, atol=1e-6)
+    stats = tf.stats()
+    assert program.PROGRAMS.compiles == 1   # the first key, at once
+    # The second key, at each of its sightings.
+    assert stats["programs_not_compiled"] == {"compile budget of 1 spent": 2}
+
+
+def test_a_reused_program_reads_this_minibatchs_shared_tensors():
+    """A shared tensor is in the key by dtype and shape only: a program
+    compiled for one minibatch's tensor reads the next minibatch's own."""
+    previous = tf.get_parameter("compile")
+    tf.set_parameter("compile", 1)
+    try:
+        rng = np.random.default_rng(13)
+        for _ in range(3):
+            shared = tensorflow.constant(rng.normal(size=(3, 3)).astype(np.float32))
+            rows = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(2)]
+            with tf.batching():
+                values = [tf.matmul(tf.identity(row), shared) for row in rows]
+            for value, row in zip(values, rows):
+                np.testing.assert_allclose(value.numpy(), row @ shared.numpy(),
+                                           rtol=1e-5, atol=1e-6)
+        assert tf.stats()["program_runs"] >= 2
+    finally:
+        tf.set_parameter("compile", previous)

@@ -22,6 +22,7 @@ The Tree-LSTM's minibatches of any trees run one compiled program.
 import numpy as np
 import tensorflow as tf
 
+from ..patch.node import VirtualNode
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .graph import NodeOperand
@@ -86,9 +87,17 @@ class Program:
 
 def plan(graph, batches, required=()):
     """The program running ``batches`` (lists of graph indices, one node
-    type each, in an order that respects dependencies).  An output that no
-    node of the graph reads, of nodes neither in ``required`` nor results
-    (nodes nothing consumes), is not kept (``Kind.outputs``)."""
+    type each, in an order that respects dependencies)."""
+    program = outline(graph, batches, required)
+    program.fill()
+    return program
+
+
+def outline(graph, batches, required=()):
+    """The program's kinds, buffers and key, without its steps and rows
+    (``Program.fill``): enough to look its compiled form up.  An output
+    that no node of the graph reads, of nodes neither in ``required`` nor
+    results (nodes nothing consumes), is not kept (``Kind.outputs``)."""
     read = _read_outputs(graph, required)
     types = sorted({graph.type_of[batch[0]] for batch in batches},
                    key=graph.type_names.__getitem__)
@@ -124,7 +133,7 @@ def plan(graph, batches, required=()):
         for buffer in kinds[kind_of_type[graph.type_of[batch[0]]]].outputs:
             if buffer is not None:
                 program.computed[buffer] += len(batch)
-    _Filler(graph, program, kind_of_type).fill(batches)
+    program.fill = lambda: _Filler(graph, program, kind_of_type).fill(batches)
     return program
 
 
@@ -133,7 +142,7 @@ def _read_outputs(graph, required):
     a node of the graph, asked for by the caller, or a result nothing else
     consumes (what the user holds).  The gates a Tree-LSTM pattern splits
     off and uses inside itself are none of these."""
-    required = {node.id for node in required}
+    required = {node.id for node in required if type(node) is VirtualNode}
     type_of, duplicate_of, operands = graph.type_of, graph.duplicate_of, graph.operands
     read = set()
     for index, node_type in enumerate(type_of):

@@ -36,18 +36,24 @@ from ..patch.spec import is_variable
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
-# A compiled program is kept for this many distinct keys (least recently
-# used first out), so a run of ever-new shapes holds a bounded number.
+# Keys are remembered for this many distinct ones (least recently used
+# first out), so a run of ever-new shapes holds a bounded number.
 CAPACITY = 64
+# At most this many compiles per process (each traces a forward and a
+# backward: about a second): a model whose keys keep changing (kinds that
+# hold a sequence's length) stops compiling rather than paying for ever.
+BUDGET = 24
 
 
 class _Entry:
-    __slots__ = ("sightings", "compiled", "program")
+    __slots__ = ("sightings", "compiled", "tried")
 
     def __init__(self):
         self.sightings = 0
-        self.compiled = None   # the _Compiled, once compiled
-        self.program = None    # the program traced (keeps its variables alive)
+        # The _Compiled, once compiled; it holds the kinds' variables, whose
+        # ids are part of the key, so that no other variable takes an id.
+        self.compiled = None
+        self.tried = False
 
 
 class Programs:
@@ -55,9 +61,11 @@ class Programs:
 
     def __init__(self):
         self._entries = collections.OrderedDict()
+        self.compiles = 0
 
     def clear(self):
         self._entries.clear()
+        self.compiles = 0
 
     def compiled_for(self, program, compile_after, statistics):
         """The compiled form of ``program``, compiling it if its key has now
@@ -73,9 +81,14 @@ class Programs:
             self._entries.move_to_end(program.key)
         entry.sightings += 1
         if entry.compiled is None and entry.sightings >= compile_after \
-                and entry.program is None:
+                and not entry.tried:
+            if self.compiles >= BUDGET:
+                statistics["programs_not_compiled"][
+                    f"compile budget of {BUDGET} spent"] += 1
+                return None
+            self.compiles += 1
             started = time.perf_counter()
-            entry.program = program
+            entry.tried = True
             try:
                 entry.compiled = _Compiled(program)
                 statistics["programs_compiled"] += 1
@@ -395,7 +408,11 @@ class _Compiled:
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
         carried = [b for b in self.trainable if program.input_nodes[b]]
-        tensors = [value for value in self.shared.values if not is_variable(value)]
+        # This program's shared values, in the compiled order: variables are
+        # the compiled ones (their ids are in the key), tensors this
+        # minibatch's own (only their dtype and shape are).
+        values = _Shared(program).values
+        tensors = [value for value in values if not is_variable(value)]
         compiled = self
 
         @tf.custom_gradient
@@ -409,7 +426,7 @@ class _Compiled:
             given_tensors = iter(given[len(carried):])
             shared = [tf.stop_gradient(tf.convert_to_tensor(value)
                                        if is_variable(value) else next(given_tensors))
-                      for value in compiled.shared.values]
+                      for value in values]
             buffers = compiled.forward(*arrays, *given_inputs, *shared)
 
             def gradient(*upstream, variables=None):
@@ -419,14 +436,12 @@ class _Compiled:
                 input_gradients, shared_gradients = compiled.backward(
                     *arrays, *buffers, *shared, *adjoints)
                 by_buffer = dict(zip(compiled.trainable, input_gradients))
-                shared_gradients = [
-                    _gradient(value, gradient) for value, gradient in
-                    zip(compiled.shared.values, shared_gradients)]
-                of_variable = {id(_underlying(value)): gradient for value, gradient in
-                               zip(compiled.shared.values, shared_gradients)
-                               if is_variable(value)}
-                tensor_gradients = [gradient for value, gradient in
-                                    zip(compiled.shared.values, shared_gradients)
+                shared_gradients = [_gradient(value, gradient) for value, gradient
+                                    in zip(values, shared_gradients)]
+                of_variable = {id(_underlying(value)): gradient for value, gradient
+                               in zip(values, shared_gradients) if is_variable(value)}
+                tensor_gradients = [gradient for value, gradient
+                                    in zip(values, shared_gradients)
                                     if not is_variable(value)]
                 return ([by_buffer[b] for b in carried] + tensor_gradients,
                         [of_variable.get(id(variable)) for variable in variables or ()])

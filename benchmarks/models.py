@@ -1,0 +1,113 @@
+"""Every example model, trained under each subgraphjit setting beside eager
+TensorFlow in the same run: instances per second and the ratio to eager.
+
+The models of ``experiments/example_models.py`` (trees, sequences, a
+lattice, attention), at a chosen width, on random inputs of varying
+structure.  Each setting gets a fresh copy of the model; the first
+``--warm-up`` minibatches (pattern collection, traces, compiled programs)
+are timed apart.  This is the table that says which settings are the
+fastest, and so the defaults.
+
+    python benchmarks/models.py                       # width 64, batch 25
+    python benchmarks/models.py --width 16 --models tree_lstm mv_rnn
+"""
+
+import argparse
+import inspect
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tensorflow  # noqa: E402
+
+tensorflow.config.threading.set_intra_op_parallelism_threads(1)
+tensorflow.config.threading.set_inter_op_parallelism_threads(1)
+
+import subgraphjit  # noqa: E402
+from experiments.example_models import MODELS  # noqa: E402
+
+# (name, granularity, compile); None: plain eager TensorFlow.
+SETTINGS = [
+    ("eager TensorFlow", None, None),
+    ("subgraphjit op", "op", 0),
+    ("subgraphjit subgraph", "subgraph", 0),
+    ("subgraphjit subgraph, compiled", "subgraph", 1),
+    ("subgraphjit op, compiled", "op", 1),
+]
+
+
+def make_model(name, width, seed):
+    """The model with every size parameter it has (embed, hidden, size) at
+    ``width``."""
+    model_class = MODELS[name]
+    sizes = {parameter: width for parameter in ("embed", "hidden", "size")
+             if parameter in inspect.signature(model_class).parameters}
+    return model_class(np.random.default_rng(seed), **sizes)
+
+
+def train_step(module, model, optimizer, batch):
+    with module.GradientTape() as tape:
+        loss = module.add_n([model.loss(module, example) for example in batch])
+        if module is subgraphjit:
+            loss = subgraphjit.build(loss)
+    gradients = tape.gradient(loss, model.variables)
+    optimizer.apply_gradients(zip(gradients, model.variables))
+    return float(loss)
+
+
+def rate(name, setting, arguments):
+    label, granularity, compile_after = setting
+    module = tensorflow if granularity is None else subgraphjit
+    if module is subgraphjit:
+        subgraphjit.set_parameter("granularity", granularity)
+        subgraphjit.set_parameter("compile", compile_after)
+        subgraphjit.reset_patterns()
+    model = make_model(name, arguments.width, seed=0)
+    data = np.random.default_rng(1)
+    batches = [model.random_examples(data, arguments.batch_size)
+               for _ in range(arguments.warm_up + arguments.minibatches)]
+    optimizer = tensorflow.keras.optimizers.SGD(0.01)
+    started = time.perf_counter()
+    for batch in batches[:arguments.warm_up]:
+        train_step(module, model, optimizer, batch)
+    warm_up = time.perf_counter() - started
+    started = time.perf_counter()
+    for batch in batches[arguments.warm_up:]:
+        train_step(module, model, optimizer, batch)
+    seconds = time.perf_counter() - started
+    return arguments.minibatches * arguments.batch_size / seconds, warm_up
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=sorted(MODELS))
+    parser.add_argument("--width", type=int, default=64,
+                        help="embedding and hidden size (or matrix size)")
+    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--minibatches", type=int, default=8)
+    parser.add_argument("--warm-up", type=int, default=4,
+                        help="untimed minibatches first (patterns collect in 3)")
+    arguments = parser.parse_args()
+    defaults = {key: subgraphjit.get_parameter(key) for key in ("granularity", "compile")}
+    print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
+          f"{arguments.minibatches} timed minibatches after {arguments.warm_up}, "
+          f"1 thread; defaults: {defaults}")
+    print(f"{'model':<16} {'setting':<32} {'inst/s':>9} {'x eager':>8} {'warm-up s':>9}")
+    for name in arguments.models:
+        eager = None
+        for setting in SETTINGS:
+            speed, warm_up = rate(name, setting, arguments)
+            eager = eager or speed
+            print(f"{name:<16} {setting[0]:<32} {speed:>9.1f} {speed / eager:>8.2f} "
+                  f"{warm_up:>9.1f}", flush=True)
+    for key, value in defaults.items():
+        subgraphjit.set_parameter(key, value)
+
+
+if __name__ == "__main__":
+    main()
