@@ -34,10 +34,10 @@ from experiments.example_models import MODELS  # noqa: E402
 # (name, granularity, compile); None: plain eager TensorFlow.
 SETTINGS = [
     ("eager TensorFlow", None, None),
-    ("subgraphjit op", "op", 0),
-    ("subgraphjit subgraph", "subgraph", 0),
-    ("subgraphjit subgraph, compiled", "subgraph", 1),
-    ("subgraphjit op, compiled", "op", 1),
+    ("subgraphjit op, step by step", "op", 0),
+    ("subgraphjit op, compiled", "op", 4),
+    ("subgraphjit subgraph, step by step", "subgraph", 0),
+    ("subgraphjit subgraph, compiled", "subgraph", 4),
 ]
 
 
@@ -66,7 +66,7 @@ def rate(name, setting, arguments):
     if module is subgraphjit:
         subgraphjit.set_parameter("granularity", granularity)
         subgraphjit.set_parameter("compile", compile_after)
-        subgraphjit.reset_patterns()
+        subgraphjit.reset_patterns()   # and compiled programs
     model = make_model(name, arguments.width, seed=0)
     data = np.random.default_rng(1)
     batches = [model.random_examples(data, arguments.batch_size)

@@ -4,6 +4,7 @@ import contextlib
 
 import tensorflow as tf
 
+from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
 from .patch.namespace import WRAPPERS
@@ -45,9 +46,11 @@ def patterns():
 
 
 def reset_patterns():
-    """Forget collected statistics and patterns: the next ``collect``
-    evaluations collect again (for a new model, or new data)."""
+    """Forget collected statistics and patterns, and compiled programs: the
+    next ``collect`` evaluations collect again, and programs compile anew
+    with a fresh budget (for a new model, or new data)."""
     SEARCH.reset()
+    PROGRAMS.clear()
 
 
 def access(outputs, index):

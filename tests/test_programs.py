@@ -216,3 +216,25 @@ def test_a_reused_program_reads_this_minibatchs_shared_tensors():
         assert tf.stats()["program_runs"] >= 2
     finally:
         tf.set_parameter("compile", previous)
+
+
+def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
+    """The policy alone (compiling stubbed): a steady key compiles at its
+    fourth sighting; keys that keep changing, each seen now and then,
+    never do."""
+    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned.key))
+    programs = program.Programs()
+    statistics = {"program_cache_hits": 0, "programs_compiled": 0,
+                  "programs_not_compiled": {}, "compile_seconds": 0.0}
+
+    class Planned:
+        def __init__(self, key):
+            self.key = key
+
+    steady = [programs.compiled_for(Planned("tree"), 4, statistics) for _ in range(6)]
+    assert steady[:3] == [None] * 3 and steady[3:] == [("compiled", "tree")] * 3
+    changing = [programs.compiled_for(Planned(f"length {n % 6}"), 4, statistics)
+                for n in range(60)]   # each key 2 or 3 of any 16
+    assert changing == [None] * 60
+    assert statistics["programs_compiled"] == 1
+    assert statistics["program_cache_hits"] == 2

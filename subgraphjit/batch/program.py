@@ -36,20 +36,22 @@ from ..patch.spec import is_variable
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
-# Keys are remembered for this many distinct ones (least recently used
-# first out), so a run of ever-new shapes holds a bounded number.
+# Compiled programs are kept for this many distinct keys (least recently
+# used first out), so a run of ever-new shapes holds a bounded number.
 CAPACITY = 64
-# At most this many compiles per process (each traces a forward and a
-# backward: about a second): a model whose keys keep changing (kinds that
-# hold a sequence's length) stops compiling rather than paying for ever.
+# A key is compiled once it is ``compile`` of the last WINDOW evaluations'
+# keys: a model whose keys keep changing (kinds that hold a sentence's
+# length) runs step by step rather than compiling programs it rarely reuses.
+WINDOW = 16
+# And at most this many compiles per process (each traces a forward and a
+# backward: about a second), whatever the keys do.
 BUDGET = 24
 
 
 class _Entry:
-    __slots__ = ("sightings", "compiled", "tried")
+    __slots__ = ("compiled", "tried")
 
     def __init__(self):
-        self.sightings = 0
         # The _Compiled, once compiled; it holds the kinds' variables, whose
         # ids are part of the key, so that no other variable takes an id.
         self.compiled = None
@@ -61,27 +63,37 @@ class Programs:
 
     def __init__(self):
         self._entries = collections.OrderedDict()
+        self._recent = collections.deque(maxlen=WINDOW)   # the last keys seen
+        self._counts = collections.Counter()              # ... how often each
         self.compiles = 0
 
     def clear(self):
-        self._entries.clear()
-        self.compiles = 0
+        self.__init__()
 
     def compiled_for(self, program, compile_after, statistics):
-        """The compiled form of ``program``, compiling it if its key has now
-        been seen ``compile_after`` times; None: run it step by step."""
+        """The compiled form of ``program``, compiling it if its key is now
+        ``compile_after`` of the last WINDOW keys; None: run it step by
+        step."""
         if not compile_after:
             return None
-        entry = self._entries.get(program.key)
+        key = program.key
+        if len(self._recent) == WINDOW:
+            oldest = self._recent[0]
+            self._counts[oldest] -= 1
+            if not self._counts[oldest]:
+                del self._counts[oldest]
+        self._recent.append(key)
+        self._counts[key] += 1
+        entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[program.key] = _Entry()
+            entry = self._entries[key] = _Entry()
             if len(self._entries) > CAPACITY:
                 self._entries.popitem(last=False)
         else:
-            self._entries.move_to_end(program.key)
-        entry.sightings += 1
-        if entry.compiled is None and entry.sightings >= compile_after \
-                and not entry.tried:
+            self._entries.move_to_end(key)
+        if entry.compiled is not None:
+            statistics["program_cache_hits"] += 1
+        elif self._counts[key] >= compile_after and not entry.tried:
             if self.compiles >= BUDGET:
                 statistics["programs_not_compiled"][
                     f"compile budget of {BUDGET} spent"] += 1
@@ -97,8 +109,6 @@ class Programs:
                 # converts only eagerly): this key runs step by step.
                 statistics["programs_not_compiled"][str(reason)] += 1
             statistics["compile_seconds"] += time.perf_counter() - started
-        elif entry.compiled is not None:
-            statistics["program_cache_hits"] += 1
         return entry.compiled
 
 
