@@ -133,7 +133,6 @@ class _Shared:
                 places["captured"] = [self._add(value)
                                       for value in kind.row.pattern.captured_values]
             self.places.append(places)
-        self.variables = [value for value in self.values if is_variable(value)]
 
     def _add(self, value):
         number = self._number.get(id(value))
@@ -151,10 +150,6 @@ def _scratch(shape, dtype):
 
 def _zeros(count, shape, dtype):
     return tf.zeros(tf.concat([[count], tf.constant(shape, tf.int32)], 0), dtype)
-
-
-def _span(start, count):
-    return tf.range(start, start + count)
 
 
 def _numbers(places):
@@ -192,15 +187,14 @@ class _Compiled:
             and _trainable(self.shared.values[number].dtype)})
         self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
                           if _trainable(dtype)]
-        self.dense = [number for number, value in enumerate(self.shared.values)
-                      if _trainable(value.dtype) and number not in self.sparse]
         self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
         self.no_rows = [tf.zeros((0, *shape), dtype) for dtype, shape in self.buffers]
         self.adjoints = {b: _scratch((None, *self.buffers[b][1]), self.buffers[b][0])
                          for b in self.trainable}
-        self.sums = {number: _scratch(self.shared.values[number].shape,
-                                      self.shared.values[number].dtype)
-                     for number in self.dense}
+        # The other trainable shared values' gradients: summed in place.
+        self.sums = {number: _scratch(value.shape, value.dtype)
+                     for number, value in enumerate(self.shared.values)
+                     if _trainable(value.dtype) and number not in self.sparse}
         self.width = 3 + max(len(kind.outputs) for kind in self.kinds)
         steps = [tf.TensorSpec((None, self.width), tf.int32),
                  tf.TensorSpec((None,), tf.int32)]
