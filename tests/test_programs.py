@@ -6,6 +6,7 @@ gives that minibatch's results; errors still name the user's line.
 Programs are tested with patterns as units (the setting they are for): a
 first minibatch collects the patterns, later ones run compiled."""
 
+import collections
 import sys
 
 import numpy as np
@@ -225,11 +226,12 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned.key))
     programs = program.Programs()
     statistics = {"program_cache_hits": 0, "programs_compiled": 0,
-                  "programs_not_compiled": {}, "compile_seconds": 0.0}
+                  "programs_not_compiled": collections.Counter(),
+                  "compile_seconds": 0.0}
 
     class Planned:
-        def __init__(self, key):
-            self.key = key
+        def __init__(self, key, kinds=1):
+            self.key, self.kinds = key, [None] * kinds
 
     steady = [programs.compiled_for(Planned("tree"), 4, statistics) for _ in range(6)]
     assert steady[:3] == [None] * 3 and steady[3:] == [("compiled", "tree")] * 3
@@ -238,3 +240,7 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     assert changing == [None] * 60
     assert statistics["programs_compiled"] == 1
     assert statistics["program_cache_hits"] == 2
+    many = [programs.compiled_for(Planned("ops", kinds=17), 4, statistics)
+            for _ in range(8)]   # more kinds than MAX_KINDS: never
+    assert many == [None] * 8
+    assert statistics["programs_not_compiled"] == {"more than 16 node kinds": 8}

@@ -46,6 +46,11 @@ WINDOW = 16
 # And at most this many compiles per process (each traces a forward and a
 # backward: about a second), whatever the keys do.
 BUDGET = 24
+# Programs of more node kinds run step by step: tracing costs about half a
+# second a kind, and a compiled step of a program with many kinds (single
+# ops of a BiLSTM: 122 kinds for 214 steps) ran slower than its eager
+# launch (benchmarks/models.py).
+MAX_KINDS = 16
 
 
 class _Entry:
@@ -75,6 +80,10 @@ class Programs:
         ``compile_after`` of the last WINDOW keys; None: run it step by
         step."""
         if not compile_after:
+            return None
+        if len(program.kinds) > MAX_KINDS:
+            statistics["programs_not_compiled"][
+                f"more than {MAX_KINDS} node kinds"] += 1
             return None
         key = program.key
         if len(self._recent) == WINDOW:
