@@ -230,8 +230,8 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
                   "compile_seconds": 0.0}
 
     class Planned:
-        def __init__(self, key, kinds=1):
-            self.key, self.kinds = key, [None] * kinds
+        def __init__(self, key):
+            self.key = key
 
     steady = [programs.compiled_for(Planned("tree"), 4, statistics) for _ in range(6)]
     assert steady[:3] == [None] * 3 and steady[3:] == [("compiled", "tree")] * 3
@@ -240,7 +240,21 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     assert changing == [None] * 60
     assert statistics["programs_compiled"] == 1
     assert statistics["program_cache_hits"] == 2
-    many = [programs.compiled_for(Planned("ops", kinds=17), 4, statistics)
-            for _ in range(8)]   # more kinds than MAX_KINDS: never
-    assert many == [None] * 8
-    assert statistics["programs_not_compiled"] == {"more than 16 node kinds": 8}
+
+
+def test_a_program_of_many_kinds_runs_step_by_step():
+    """The BiLSTM's single ops make a program of more than MAX_KINDS kinds
+    (slower compiled than step by step): never compiled, eager's results."""
+    previous = tf.get_parameter("compile")
+    tf.set_parameter("compile", 1)
+    try:
+        rng = np.random.default_rng(14)
+        model = MODELS["bilstm_tagger"](rng)
+        tf.reset_stats()
+        assert_matches_eager(model, model.random_examples(rng, 4))
+        stats = tf.stats()
+        assert stats["programs_not_compiled"] == {
+            f"more than {program.MAX_KINDS} node kinds": 1}
+        assert stats["program_runs"] == 0
+    finally:
+        tf.set_parameter("compile", previous)

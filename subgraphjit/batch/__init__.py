@@ -34,8 +34,13 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     batches = schedule(graph, scheduler)
     compiled = None
     if compile_after and batches:
-        the_program = plan.outline(graph, batches, required)
-        compiled = program.PROGRAMS.compiled_for(the_program, compile_after, statistics)
+        the_program = plan.outline(graph, batches, required, program.MAX_KINDS)
+        if the_program is None:
+            statistics["programs_not_compiled"][
+                f"more than {program.MAX_KINDS} node kinds"] += 1
+        else:
+            compiled = program.PROGRAMS.compiled_for(the_program, compile_after,
+                                                     statistics)
         if compiled is not None:
             the_program.fill()
     analysed = time.perf_counter()

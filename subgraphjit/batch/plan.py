@@ -93,14 +93,17 @@ def plan(graph, batches, required=()):
     return program
 
 
-def outline(graph, batches, required=()):
+def outline(graph, batches, required=(), max_kinds=None):
     """The program's kinds, buffers and key, without its steps and rows
-    (``Program.fill``): enough to look its compiled form up.  An output
-    that no node of the graph reads, of nodes neither in ``required`` nor
-    results (nodes nothing consumes), is not kept (``Kind.outputs``)."""
+    (``Program.fill``): enough to look its compiled form up; None if it
+    would have more than ``max_kinds`` kinds.  An output that no node of
+    the graph reads, of nodes neither in ``required`` nor results (nodes
+    nothing consumes), is not kept (``Kind.outputs``)."""
+    types = {graph.type_of[batch[0]] for batch in batches}
+    if max_kinds is not None and len(types) > max_kinds:
+        return None
+    types = sorted(types, key=graph.type_names.__getitem__)
     read = _read_outputs(graph, required)
-    types = sorted({graph.type_of[batch[0]] for batch in batches},
-                   key=graph.type_names.__getitem__)
     first_of_type = {graph.type_of[batch[0]]: batch[0] for batch in reversed(batches)}
     specs = set()
     for node_type in types:

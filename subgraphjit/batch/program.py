@@ -81,10 +81,6 @@ class Programs:
         step."""
         if not compile_after:
             return None
-        if len(program.kinds) > MAX_KINDS:
-            statistics["programs_not_compiled"][
-                f"more than {MAX_KINDS} node kinds"] += 1
-            return None
         key = program.key
         if len(self._recent) == WINDOW:
             oldest = self._recent[0]
