@@ -1,9 +1,1159 @@
-/* Pattern matching in C: to be filled (issue 17). */
+/* Pattern matching and replacement in C (issue 17): stage 2 of the pattern
+ * search (subgraphjit/search.py), which runs on every minibatch and visits
+ * every node of it.
+ *
+ * - MatchProgram(instructions): one pattern's structural comparison at one
+ *   depth, as a flat tuple of instructions decided once in Python
+ *   (signature.py: _match_program), checked and stored here as C structs.
+ * - match(program, root, labels): runs a program from one node.
+ * - replace(roots, candidates, labels, swallowed): the queue search that
+ *   rewrites every match into one node running its pattern.
+ *
+ * A program names nodes by registers: register 0 is the root, and each
+ * "child" or "output" instruction loads a new one, numbered in order.  The
+ * instructions (each a tuple, the opcode first):
+ *
+ *   ("op", r, row, arity, attrs, attr_types or None, outside, spec_label)
+ *       node r runs ``row`` on ``arity`` operands with ``attrs`` (and, if
+ *       given, attributes of exactly those types), has that spec label, and,
+ *       if ``outside`` is true, may be inside a pattern (one consumer, not
+ *       required)
+ *   ("child", r, position, target)       operand ``position`` of node r is a
+ *                                         node: register ``target``
+ *   ("identity", r, position, kind, address)   ... is no node but the very
+ *       object at ``address`` (its id), of label kind ``kind`` ("parameter"
+ *       or "tensor"): an input
+ *   ("constant", r, position, type, value)      ... is a Python number of
+ *       exactly ``type`` equal to ``value``: an input
+ *   ("label", r, position, label)        ... is no node, with this operand
+ *                                         label (asked of Python): an input
+ *   ("node", r)                          node r is one of the subgraph's
+ *   ("unseen", r)                        node r is no input met before
+ *   ("input", r, access, deep, label)    node r is an input of the subgraph
+ *       (where a walk ``deep`` enough stops) with this input label
+ *   ("output", r, access, index, deep, target)  node r is output ``index``
+ *       of a multi-output node, register ``target``, which the walk goes into
+ *   ("same", r, other)                   registers r and other hold one node
+ *   ("fail",)                            no node matches
+ *
+ * ``labels`` is the Signer's per-evaluation state (Signer._match_labels):
+ * the required node ids and the label caches, with the Python functions
+ * that fill them on a miss.  Everything a program reads is held by a
+ * reference for as long as it is used, since label callbacks and
+ * comparisons run Python code. */
 #include "native.h"
+
+/* -- a set of node ids ------------------------------------------------------- */
+
+/* Open addressing, kept at most half full; ids are distinct per node. */
+typedef struct {
+    long long *keys;
+    unsigned char *used;
+    size_t mask, count;
+} IdSet;
+
+static size_t
+id_slot(const IdSet *set, long long id)
+{
+    size_t slot = (((unsigned long long)id * 0x9E3779B97F4A7C15ull) >> 17)
+                  & set->mask;
+    while (set->used[slot] && set->keys[slot] != id)
+        slot = (slot + 1) & set->mask;
+    return slot;
+}
+
+static int
+idset_init(IdSet *set, size_t capacity)
+{
+    set->mask = capacity - 1;
+    set->count = 0;
+    set->keys = PyMem_Malloc(capacity * sizeof(long long));
+    set->used = PyMem_Calloc(capacity, 1);
+    if (set->keys == NULL || set->used == NULL) {
+        PyMem_Free(set->keys);
+        PyMem_Free(set->used);
+        set->keys = NULL;
+        set->used = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+idset_free(IdSet *set)
+{
+    PyMem_Free(set->keys);
+    PyMem_Free(set->used);
+    set->keys = NULL;
+    set->used = NULL;
+}
+
+/* 1 if ``id`` was new, 0 if present, -1 on memory error. */
+static int
+idset_add(IdSet *set, long long id)
+{
+    size_t slot = id_slot(set, id);
+    if (set->used[slot])
+        return 0;
+    if (2 * (set->count + 1) > set->mask + 1) {
+        IdSet bigger;
+        if (idset_init(&bigger, 2 * (set->mask + 1)) < 0)
+            return -1;
+        for (size_t i = 0; i <= set->mask; i++) {
+            if (set->used[i]) {
+                size_t to = id_slot(&bigger, set->keys[i]);
+                bigger.used[to] = 1;
+                bigger.keys[to] = set->keys[i];
+                bigger.count++;
+            }
+        }
+        idset_free(set);
+        *set = bigger;
+        slot = id_slot(set, id);
+    }
+    set->used[slot] = 1;
+    set->keys[slot] = id;
+    set->count++;
+    return 1;
+}
+
+static int
+idset_contains(const IdSet *set, long long id)
+{
+    return set->used[id_slot(set, id)];
+}
+
+/* A growable array; PyMem_Realloc keeps the old block on failure. */
+typedef struct {
+    PyObject **items;
+    Py_ssize_t size, capacity;
+} PtrArray;
+
+static int
+ptr_push(PtrArray *array, PyObject *item)
+{
+    if (array->size == array->capacity) {
+        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 256;
+        PyObject **items = PyMem_Realloc(array->items,
+                                         capacity * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        array->items = items;
+        array->capacity = capacity;
+    }
+    array->items[array->size++] = item;
+    return 0;
+}
+
+/* -- MatchProgram -------------------------------------------------------------- */
+
+enum { OP, CHILD, IDENTITY, CONSTANT, LABEL, NODE, UNSEEN, INPUT, OUTPUT,
+       SAME, FAIL };
+
+static const struct {
+    const char *name;
+    Py_ssize_t size;    /* the instruction tuple's length */
+} opcodes[] = {
+    [OP] = {"op", 8}, [CHILD] = {"child", 4}, [IDENTITY] = {"identity", 5},
+    [CONSTANT] = {"constant", 5}, [LABEL] = {"label", 4}, [NODE] = {"node", 2},
+    [UNSEEN] = {"unseen", 2}, [INPUT] = {"input", 5}, [OUTPUT] = {"output", 6},
+    [SAME] = {"same", 3}, [FAIL] = {"fail", 1},
+};
+#define OPCODES ((int)(sizeof(opcodes) / sizeof(opcodes[0])))
+
+typedef struct {
+    int code;
+    Py_ssize_t node;       /* the register checked */
+    Py_ssize_t target;     /* child, output: the register loaded; same: the other */
+    Py_ssize_t number;     /* op: arity; operand checks: the position */
+    int flag;              /* op: outside; input, output: deep */
+    void *address;         /* identity */
+    PyObject *row;         /* op: the row; input, output: ACCESS */
+    PyObject *attrs;       /* op: attrs; output: the index */
+    PyObject *types;       /* op: attribute types, or NULL; constant: the type */
+    PyObject *label;       /* op: spec label; input, label: label;
+                              identity: kind; constant: the value */
+} Instruction;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count, registers;
+    Instruction *code;
+} MatchProgram;
+
+static PyTypeObject *program_type;
+
+static void
+program_dealloc(PyObject *self)
+{
+    MatchProgram *program = (MatchProgram *)self;
+    PyTypeObject *type = Py_TYPE(self);
+    for (Py_ssize_t i = 0; i < program->count; i++) {
+        Instruction *in = &program->code[i];
+        Py_XDECREF(in->row);
+        Py_XDECREF(in->attrs);
+        Py_XDECREF(in->types);
+        Py_XDECREF(in->label);
+    }
+    PyMem_Free(program->code);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+/* A non-negative int below ``limit`` at item ``index`` of instruction ``k``. */
+static int
+read_index(PyObject *item, Py_ssize_t index, Py_ssize_t limit, Py_ssize_t k,
+           Py_ssize_t *out)
+{
+    PyObject *value = PyTuple_GET_ITEM(item, index);
+    Py_ssize_t number = PyLong_Check(value) ? PyLong_AsSsize_t(value) : -1;
+    if (number == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (number < 0 || number >= limit) {
+        PyErr_Format(PyExc_ValueError,
+                     "instruction %zd: item %zd is %R, not an int in [0, %zd)",
+                     k, index, value, limit);
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
+/* Reads instruction ``k`` into ``in``; ``registers`` counts the registers
+ * loaded so far (a register must be loaded before it is read). */
+static int
+read_instruction(PyObject *item, Py_ssize_t k, Py_ssize_t *registers,
+                 Instruction *in)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) == 0
+            || !PyUnicode_Check(PyTuple_GET_ITEM(item, 0))) {
+        PyErr_Format(PyExc_TypeError,
+                     "instruction %zd must be a tuple starting with its "
+                     "opcode, not %R", k, item);
+        return -1;
+    }
+    const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+    if (name == NULL)
+        return -1;
+    int code = 0;
+    while (code < OPCODES && strcmp(opcodes[code].name, name) != 0)
+        code++;
+    if (code == OPCODES) {
+        PyErr_Format(PyExc_ValueError, "instruction %zd: unknown opcode %R",
+                     k, PyTuple_GET_ITEM(item, 0));
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(item) != opcodes[code].size) {
+        PyErr_Format(PyExc_ValueError,
+                     "instruction %zd: %s takes %zd items, not %zd", k, name,
+                     opcodes[code].size, PyTuple_GET_SIZE(item));
+        return -1;
+    }
+    in->code = code;
+    if (code == FAIL)
+        return 0;
+    if (read_index(item, 1, *registers, k, &in->node) < 0)
+        return -1;
+    PyObject *a = opcodes[code].size > 2 ? PyTuple_GET_ITEM(item, 2) : NULL;
+    PyObject *b = opcodes[code].size > 3 ? PyTuple_GET_ITEM(item, 3) : NULL;
+    PyObject *c = opcodes[code].size > 4 ? PyTuple_GET_ITEM(item, 4) : NULL;
+    Py_ssize_t last = opcodes[code].size - 1;
+    switch (code) {
+    case OP: {
+        if (read_index(item, 3, PY_SSIZE_T_MAX, k, &in->number) < 0)
+            return -1;
+        PyObject *types = PyTuple_GET_ITEM(item, 5);
+        if (types != Py_None && !PyTuple_Check(types)) {
+            PyErr_Format(PyExc_TypeError, "instruction %zd: attribute types "
+                         "must be a tuple or None", k);
+            return -1;
+        }
+        if ((in->flag = PyObject_IsTrue(PyTuple_GET_ITEM(item, 6))) < 0)
+            return -1;
+        in->row = Py_NewRef(a);
+        in->attrs = Py_NewRef(c);
+        in->types = types == Py_None ? NULL : Py_NewRef(types);
+        in->label = Py_NewRef(PyTuple_GET_ITEM(item, 7));
+        return 0;
+    }
+    case CHILD:
+    case IDENTITY:
+    case CONSTANT:
+    case LABEL:
+        if (read_index(item, 2, PY_SSIZE_T_MAX, k, &in->number) < 0)
+            return -1;
+        if (code == CHILD) {
+            if (read_index(item, 3, *registers + 1, k, &in->target) < 0)
+                return -1;
+            if (in->target != *registers) {
+                PyErr_Format(PyExc_ValueError, "instruction %zd: child loads "
+                             "register %zd, not the next one (%zd)", k,
+                             in->target, *registers);
+                return -1;
+            }
+            ++*registers;
+        }
+        else if (code == IDENTITY) {
+            if (!PyUnicode_Check(b) || !PyLong_Check(c)) {
+                PyErr_Format(PyExc_TypeError, "instruction %zd: identity "
+                             "takes a kind (str) and an address (int)", k);
+                return -1;
+            }
+            in->address = PyLong_AsVoidPtr(c);
+            if (in->address == NULL && PyErr_Occurred())
+                return -1;
+            in->label = Py_NewRef(b);
+        }
+        else if (code == CONSTANT) {
+            if (!PyType_Check(b)) {
+                PyErr_Format(PyExc_TypeError, "instruction %zd: constant "
+                             "takes a type, not %R", k, b);
+                return -1;
+            }
+            in->types = Py_NewRef(b);
+            in->label = Py_NewRef(c);
+        }
+        else {
+            in->label = Py_NewRef(b);
+        }
+        return 0;
+    case NODE:
+    case UNSEEN:
+        return 0;
+    case INPUT:
+        if ((in->flag = PyObject_IsTrue(b)) < 0)
+            return -1;
+        in->row = Py_NewRef(a);
+        in->label = Py_NewRef(c);
+        return 0;
+    case OUTPUT:
+        if ((in->flag = PyObject_IsTrue(c)) < 0)
+            return -1;
+        if (read_index(item, last, *registers + 1, k, &in->target) < 0)
+            return -1;
+        if (in->target != *registers) {
+            PyErr_Format(PyExc_ValueError, "instruction %zd: output loads "
+                         "register %zd, not the next one (%zd)", k,
+                         in->target, *registers);
+            return -1;
+        }
+        ++*registers;
+        in->row = Py_NewRef(a);
+        in->attrs = Py_NewRef(b);
+        return 0;
+    case SAME:
+        return read_index(item, 2, *registers, k, &in->target);
+    }
+    return 0;
+}
+
+static PyObject *
+program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *instructions;
+    if (!PyArg_ParseTuple(args, "O!:MatchProgram", &PyTuple_Type, &instructions))
+        return NULL;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "MatchProgram takes no keywords");
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(instructions);
+    MatchProgram *program = (MatchProgram *)type->tp_alloc(type, 0);
+    if (program == NULL)
+        return NULL;
+    program->count = 0;
+    program->registers = 1;     /* the root */
+    program->code = PyMem_Calloc(count + 1, sizeof(Instruction));
+    if (program->code == NULL) {
+        Py_DECREF(program);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        /* Counted first, so that dealloc frees what a failed read took. */
+        program->count++;
+        if (read_instruction(PyTuple_GET_ITEM(instructions, k), k,
+                             &program->registers, &program->code[k]) < 0) {
+            Py_DECREF(program);
+            return NULL;
+        }
+    }
+    return (PyObject *)program;
+}
+
+static PyObject *
+program_repr(PyObject *self)
+{
+    MatchProgram *program = (MatchProgram *)self;
+    return PyUnicode_FromFormat("<MatchProgram: %zd instructions, %zd registers>",
+                                program->count, program->registers);
+}
+
+static PyType_Slot program_slots[] = {
+    {Py_tp_new, program_new},
+    {Py_tp_dealloc, program_dealloc},
+    {Py_tp_repr, program_repr},
+    {Py_tp_doc, "MatchProgram(instructions)\n--\n\n"
+                "One pattern's structural comparison at one depth, checked "
+                "once\n(see native/match.c for the instructions)."},
+    {0, NULL},
+};
+
+static PyType_Spec program_spec = {
+    .name = "subgraphjit._native.MatchProgram",
+    .basicsize = sizeof(MatchProgram),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = program_slots,
+};
+
+/* -- labels ------------------------------------------------------------------- */
+
+/* The Signer's state, from the ``labels`` tuple (see Signer._match_labels). */
+typedef struct {
+    IdSet required;
+    PyObject *spec_labels, *spec_label;     /* dict by spec, and its filler */
+    PyObject *input_labels, *input_label;   /* dict by spec; filler of a node */
+    PyObject *operand_kinds;                /* dict: type -> label kind */
+    PyObject *operand_label;                /* a non-node operand's label */
+} Labels;
+
+static PyObject *str_value;   /* "value": the label kind of NumPy and lists */
+
+static int
+labels_read(Labels *labels, PyObject *given)
+{
+    labels->required.keys = NULL;
+    labels->required.used = NULL;
+    if (!PyTuple_Check(given) || PyTuple_GET_SIZE(given) != 7) {
+        PyErr_SetString(PyExc_TypeError, "labels must be a tuple of 7 "
+                        "(see Signer._match_labels)");
+        return -1;
+    }
+    PyObject *required = PyTuple_GET_ITEM(given, 0);
+    PyObject **fields[] = {&labels->spec_labels, &labels->spec_label,
+                           &labels->input_labels, &labels->input_label,
+                           &labels->operand_kinds, &labels->operand_label};
+    for (int i = 0; i < 6; i++) {
+        PyObject *field = PyTuple_GET_ITEM(given, i + 1);
+        int dict = i == 0 || i == 2 || i == 4;
+        if (dict ? !PyDict_Check(field) : !PyCallable_Check(field)) {
+            PyErr_Format(PyExc_TypeError, "labels item %d must be %s", i + 1,
+                         dict ? "a dict" : "callable");
+            return -1;
+        }
+        *fields[i] = field;
+    }
+    if (!PyAnySet_Check(required)) {
+        PyErr_SetString(PyExc_TypeError, "labels item 0 (required) must be "
+                        "a set of node ids");
+        return -1;
+    }
+    if (idset_init(&labels->required, 64) < 0)
+        return -1;
+    PyObject *iterator = PyObject_GetIter(required), *id;
+    if (iterator == NULL) {
+        idset_free(&labels->required);
+        return -1;
+    }
+    while ((id = PyIter_Next(iterator)) != NULL) {
+        long long value = PyLong_Check(id) ? PyLong_AsLongLong(id) : -1;
+        int bad = !PyLong_Check(id) || (value == -1 && PyErr_Occurred());
+        if (bad) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "required holds %R, not a node id", id);
+        }
+        Py_DECREF(id);
+        if (bad || idset_add(&labels->required, value) < 0)
+            break;
+    }
+    Py_DECREF(iterator);
+    if (PyErr_Occurred()) {
+        idset_free(&labels->required);
+        return -1;
+    }
+    return 0;
+}
+
+/* A cached label by ``key``, else ``fill(argument)``'s (a new reference). */
+static PyObject *
+cached(PyObject *cache, PyObject *key, PyObject *fill, PyObject *argument)
+{
+    PyObject *found = PyDict_GetItemWithError(cache, key);
+    if (found != NULL)
+        return Py_NewRef(found);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_CallOneArg(fill, argument);
+}
+
+/* 1 if ``label`` equals ``expected``, 0 if not, -1 on error; steals label. */
+static int
+equal(PyObject *label, PyObject *expected)
+{
+    if (label == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(label, expected, Py_EQ);
+    Py_DECREF(label);
+    return same;
+}
+
+/* The label kind of a non-node operand: a property of its type, so cached
+ * by type; a miss asks Python for the operand's label (kind first). */
+static PyObject *
+operand_kind(Labels *labels, PyObject *operand)
+{
+    PyObject *type = (PyObject *)Py_TYPE(operand);
+    PyObject *kind = PyDict_GetItemWithError(labels->operand_kinds, type);
+    if (kind != NULL)
+        return Py_NewRef(kind);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *label = PyObject_CallOneArg(labels->operand_label, operand);
+    if (label == NULL)
+        return NULL;
+    if (!PyTuple_Check(label) || PyTuple_GET_SIZE(label) == 0) {
+        PyErr_Format(PyExc_TypeError, "operand_label returned %R, not a "
+                     "tuple starting with its kind", label);
+        Py_DECREF(label);
+        return NULL;
+    }
+    kind = Py_NewRef(PyTuple_GET_ITEM(label, 0));
+    Py_DECREF(label);
+    if (PyDict_SetItem(labels->operand_kinds, type, kind) < 0)
+        Py_CLEAR(kind);
+    return kind;
+}
+
+/* -- running a program ----------------------------------------------------------- */
+
+/* A node's operands, or NULL (a node whose inputs were deleted or replaced
+ * by something else counts as having none). */
+static inline PyObject *
+operands_of(Node *node)
+{
+    PyObject *inputs = node->inputs;
+    return inputs != NULL && (PyTuple_Check(inputs) || PyList_Check(inputs))
+           ? inputs : NULL;
+}
+
+static inline Py_ssize_t
+operand_count(Node *node)
+{
+    PyObject *inputs = operands_of(node);
+    return inputs == NULL ? 0 : PySequence_Fast_GET_SIZE(inputs);
+}
+
+static inline PyObject *
+operand_at(Node *node, Py_ssize_t position)
+{
+    PyObject *inputs = operands_of(node);
+    return inputs != NULL && position < PySequence_Fast_GET_SIZE(inputs)
+           ? PySequence_Fast_GET_ITEM(inputs, position) : NULL;
+}
+
+#define IS_NODE(object) Py_IS_TYPE((object), node_type)
+
+/* Kept outside any pattern but as its root or input (thesis 5.5)? */
+static inline int
+outside(Labels *labels, Node *node)
+{
+    return node->consumers > 1 || idset_contains(&labels->required, node->id);
+}
+
+/* ``has_value_operand(node)`` (signature.py): is an operand a NumPy or
+ * list value, whose label kind is "value"?  Kinds are cached by type. */
+static int
+has_value_operand(Labels *labels, Node *node)
+{
+    PyObject *inputs = operands_of(node);
+    Py_ssize_t count = inputs == NULL ? 0 : PySequence_Fast_GET_SIZE(inputs);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *operand = PySequence_Fast_GET_ITEM(inputs, i);
+        if (IS_NODE(operand) || PyLong_CheckExact(operand)
+                || PyFloat_CheckExact(operand) || PyBool_Check(operand))
+            continue;
+        Py_INCREF(inputs);  /* the kind's callback may replace the inputs */
+        int value = equal(operand_kind(labels, operand), str_value);
+        Py_DECREF(inputs);
+        if (value != 0)
+            return value;
+        count = PySequence_Fast_GET_SIZE(inputs);
+    }
+    return 0;
+}
+
+/* One run's state: registers (each holds a node: the root, or one a
+ * "child" or "output" instruction checked), the walk's inputs and nodes,
+ * the ids of the inputs met, and every object it holds a reference to
+ * (``held``, at most two per instruction).  All arrays are bounded by the
+ * program's length and registers, so they are allocated once. */
+typedef struct {
+    PyObject **reg, **inputs, **nodes, **held;
+    long long *seen;
+    Py_ssize_t input_count, node_count, held_count, seen_count;
+} Run;
+
+#define STACK_SLOTS 256
+
+static int
+run_start(Run *run, Py_ssize_t registers, Py_ssize_t count, PyObject **stack)
+{
+    Py_ssize_t size = registers + 4 * (count + 1);
+    PyObject **slots = stack;
+    if (size > STACK_SLOTS) {
+        slots = PyMem_New(PyObject *, size);
+        if (slots == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    run->reg = slots;
+    run->inputs = slots + registers;
+    run->nodes = run->inputs + count + 1;
+    run->held = run->nodes + count + 1;
+    run->seen = PyMem_New(long long, count + 1);
+    if (run->seen == NULL) {
+        if (slots != stack)
+            PyMem_Free(slots);
+        PyErr_NoMemory();
+        return -1;
+    }
+    run->input_count = run->node_count = run->held_count = run->seen_count = 0;
+    return 0;
+}
+
+static void
+run_release(Run *run)
+{
+    for (Py_ssize_t i = 0; i < run->held_count; i++)
+        Py_DECREF(run->held[i]);
+    run->held_count = run->input_count = run->node_count = run->seen_count = 0;
+}
+
+static void
+run_end(Run *run, PyObject **stack)
+{
+    run_release(run);
+    if (run->reg != stack)
+        PyMem_Free(run->reg);
+    PyMem_Free(run->seen);
+}
+
+/* Held (a new reference in ``held``) and returned. */
+static inline PyObject *
+hold(Run *run, PyObject *object)
+{
+    run->held[run->held_count++] = Py_NewRef(object);
+    return object;
+}
+
+static inline int
+seen(Run *run, long long id)
+{
+    for (Py_ssize_t i = 0; i < run->seen_count; i++)
+        if (run->seen[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Runs ``program`` from ``root``: 1 on a match (run's inputs and nodes are
+ * the walk's), 0 if none, -1 with an exception set.  The root itself is
+ * held by the caller. */
+static int
+run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
+{
+    run_release(run);
+    run->reg[0] = (PyObject *)root;
+    for (Py_ssize_t k = 0; k < program->count; k++) {
+        Instruction *in = &program->code[k];
+        Node *node = (Node *)run->reg[in->node];
+        int same;
+        switch (in->code) {
+        case OP: {
+            if (node->row != in->row || operand_count(node) != in->number)
+                return 0;
+            if (node->attrs == NULL)
+                return 0;
+            PyObject *attrs = hold(run, node->attrs);
+            same = PyObject_RichCompareBool(attrs, in->attrs, Py_EQ);
+            if (same <= 0)
+                return same;
+            if (in->types != NULL) {
+                Py_ssize_t count = PyTuple_GET_SIZE(in->types);
+                if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) != count)
+                    return 0;
+                for (Py_ssize_t i = 0; i < count; i++) {
+                    same = PyObject_RichCompareBool(
+                        (PyObject *)Py_TYPE(PyTuple_GET_ITEM(attrs, i)),
+                        PyTuple_GET_ITEM(in->types, i), Py_EQ);
+                    if (same <= 0)
+                        return same;
+                }
+            }
+            if (in->flag && outside(labels, node))
+                return 0;
+            if (node->spec == NULL)
+                return 0;
+            same = equal(cached(labels->spec_labels, node->spec,
+                                labels->spec_label, node->spec), in->label);
+            if (same <= 0)
+                return same;
+            break;
+        }
+        case CHILD: {
+            PyObject *operand = operand_at(node, in->number);
+            if (operand == NULL || !IS_NODE(operand))
+                return 0;
+            run->reg[in->target] = hold(run, operand);
+            break;
+        }
+        case IDENTITY:
+        case CONSTANT:
+        case LABEL: {
+            PyObject *operand = operand_at(node, in->number);
+            if (operand == NULL || IS_NODE(operand))
+                return 0;
+            hold(run, operand);
+            if (in->code == IDENTITY) {
+                if ((void *)operand != in->address)
+                    return 0;
+                same = equal(operand_kind(labels, operand), in->label);
+            }
+            else if (in->code == CONSTANT) {
+                if (!Py_IS_TYPE(operand, (PyTypeObject *)in->types))
+                    return 0;
+                same = PyObject_RichCompareBool(operand, in->label, Py_EQ);
+            }
+            else {
+                same = equal(PyObject_CallOneArg(labels->operand_label, operand),
+                             in->label);
+            }
+            if (same <= 0)
+                return same;
+            run->inputs[run->input_count++] = operand;
+            break;
+        }
+        case NODE:
+            run->nodes[run->node_count++] = (PyObject *)node;
+            break;
+        case UNSEEN:
+            if (seen(run, node->id))
+                return 0;
+            break;
+        case INPUT: {
+            if (node->row == in->row) {
+                PyObject *source = operand_at(node, 0);
+                if (source != NULL) {
+                    if (!IS_NODE(source))
+                        return 0;
+                    Node *inner = (Node *)source;
+                    if (seen(run, inner->id))
+                        return 0;
+                    if (in->flag && operand_count(inner) > 0
+                            && inner->consumers < 2
+                            && !idset_contains(&labels->required, inner->id))
+                        return 0;
+                }
+            }
+            else if (in->flag && operand_count(node) > 0
+                     && node->consumers < 2
+                     && !idset_contains(&labels->required, node->id)) {
+                int value = has_value_operand(labels, node);
+                if (value <= 0)
+                    return value;
+            }
+            if (node->spec == NULL)
+                return 0;
+            same = equal(cached(labels->input_labels, node->spec,
+                                labels->input_label, (PyObject *)node),
+                         in->label);
+            if (same <= 0)
+                return same;
+            run->seen[run->seen_count++] = node->id;
+            run->inputs[run->input_count++] = (PyObject *)node;
+            break;
+        }
+        case OUTPUT: {
+            PyObject *attrs = node->attrs;
+            if (node->row != in->row || attrs == NULL || !PyTuple_Check(attrs)
+                    || PyTuple_GET_SIZE(attrs) == 0)
+                return 0;
+            PyObject *source = operand_at(node, 0);
+            if (source == NULL || !IS_NODE(source))
+                return 0;
+            hold(run, attrs);
+            hold(run, source);
+            same = PyObject_RichCompareBool(PyTuple_GET_ITEM(attrs, 0),
+                                            in->attrs, Py_EQ);
+            if (same <= 0)
+                return same;
+            Node *inner = (Node *)source;
+            int stops = !in->flag || operand_count(inner) == 0
+                        || outside(labels, inner);
+            if (stops && !seen(run, inner->id))
+                return 0;
+            run->reg[in->target] = source;
+            break;
+        }
+        case SAME:
+            if (run->reg[in->node] != run->reg[in->target])
+                return 0;
+            break;
+        case FAIL:
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *
+list_of(PyObject **items, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    if (list != NULL)
+        for (Py_ssize_t i = 0; i < count; i++)
+            PyList_SET_ITEM(list, i, Py_NewRef(items[i]));
+    return list;
+}
+
+PyDoc_STRVAR(match_doc,
+"match(program, root, labels)\n--\n\n"
+"Runs a MatchProgram from node ``root``: (inputs, nodes) as the Signer's\n"
+"walk lists them if the subgraph there is the program's pattern, else\n"
+"None.  ``labels`` is Signer._match_labels().");
+
+static PyObject *
+match(PyObject *module, PyObject *args)
+{
+    PyObject *program, *root, *given;
+    if (!PyArg_ParseTuple(args, "O!OO:match", program_type, &program, &root,
+                          &given))
+        return NULL;
+    if (!IS_NODE(root)) {
+        PyErr_Format(PyExc_TypeError, "match(): the root must be a "
+                     "VirtualNode, not %.100s", Py_TYPE(root)->tp_name);
+        return NULL;
+    }
+    Labels labels;
+    if (labels_read(&labels, given) < 0)
+        return NULL;
+    PyObject *stack[STACK_SLOTS], *result = NULL;
+    Run run;
+    if (run_start(&run, ((MatchProgram *)program)->registers,
+                  ((MatchProgram *)program)->count, stack) < 0) {
+        idset_free(&labels.required);
+        return NULL;
+    }
+    Py_INCREF(root);
+    int found = run_program((MatchProgram *)program, (Node *)root, &labels, &run);
+    if (found > 0) {
+        PyObject *inputs = list_of(run.inputs, run.input_count);
+        PyObject *nodes = list_of(run.nodes, run.node_count);
+        if (inputs != NULL && nodes != NULL)
+            result = PyTuple_Pack(2, inputs, nodes);
+        Py_XDECREF(inputs);
+        Py_XDECREF(nodes);
+    }
+    else if (found == 0) {
+        result = Py_NewRef(Py_None);
+    }
+    Py_DECREF(root);
+    run_end(&run, stack);
+    idset_free(&labels.required);
+    return result;
+}
+
+/* -- replace ------------------------------------------------------------------------ */
+
+/* Rewrites ``node`` into one node running the pattern of ``entry``
+ * (program, row, argument_positions) after a match: its inputs become the
+ * walk's inputs at the argument positions, and the subgraph's other nodes
+ * are recorded as swallowed.  Returns the new inputs (borrowed), or NULL. */
+static PyObject *
+rewrite(Node *node, PyObject *entry, Run *run, PyObject *swallowed)
+{
+    PyObject *positions = PyTuple_GET_ITEM(entry, 2);
+    Py_ssize_t count = PyTuple_GET_SIZE(positions);
+    PyObject *operands = PyTuple_New(count);
+    if (operands == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(positions, i);
+        Py_ssize_t position = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
+        if (position == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (position < 0 || position >= run->input_count) {
+            PyErr_Format(PyExc_IndexError, "argument position %R is not "
+                         "one of the match's %zd inputs", item,
+                         run->input_count);
+            Py_DECREF(operands);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(operands, i, Py_NewRef(run->inputs[position]));
+    }
+    /* The root is the last of the walk's nodes; the others are swallowed. */
+    for (Py_ssize_t i = 0; i + 1 < run->node_count; i++) {
+        PyObject *id = PyLong_FromLongLong(((Node *)run->nodes[i])->id);
+        if (id == NULL || PySet_Add(swallowed, id) < 0) {
+            Py_XDECREF(id);
+            Py_DECREF(operands);
+            return NULL;
+        }
+        Py_DECREF(id);
+    }
+    Py_XSETREF(node->row, Py_NewRef(PyTuple_GET_ITEM(entry, 1)));
+    Py_XSETREF(node->attrs, PyTuple_New(0));
+    Py_XSETREF(node->inputs, operands);
+    return operands;
+}
+
+/* The queue search's step: reach the nodes among ``operands`` (only the
+ * unevaluated ones if ``unevaluated_only``) not reached before; ``reached``
+ * holds a reference to each.  No Python code runs here. */
+static int
+enqueue(PyObject *operands, int unevaluated_only, IdSet *ids,
+        PtrArray *reached)
+{
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *operand = PySequence_Fast_GET_ITEM(operands, i);
+        if (!IS_NODE(operand) || (unevaluated_only
+                && (((Node *)operand)->result != Py_None
+                    || ((Node *)operand)->batch != Py_None)))
+            continue;
+        int added = idset_add(ids, ((Node *)operand)->id);
+        if (added < 0 || (added && ptr_push(reached, operand) < 0))
+            return -1;
+        if (added)
+            Py_INCREF(operand);
+    }
+    return 0;
+}
+
+typedef struct {
+    long long id;
+    PyObject *node;
+} Keyed;
+
+static int
+by_id(const void *a, const void *b)
+{
+    long long x = ((const Keyed *)a)->id, y = ((const Keyed *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Sorts distinct nodes by id.  One evaluation's nodes were mostly recorded
+ * together, so their ids usually span a range not much wider than their
+ * number: then each goes to its place in a table of that range, with no
+ * comparisons (sorting was the largest part of a replace); otherwise a
+ * qsort on the ids, copied out so that comparing reads no node. */
+static int
+sort_by_id(PyObject **items, Py_ssize_t count)
+{
+    if (count < 2)
+        return 0;
+    long long low = ((Node *)items[0])->id, high = low;
+    for (Py_ssize_t i = 1; i < count; i++) {
+        long long id = ((Node *)items[i])->id;
+        low = id < low ? id : low;
+        high = id > high ? id : high;
+    }
+    if ((unsigned long long)(high - low) < 4 * (unsigned long long)count) {
+        PyObject **table = PyMem_Calloc(high - low + 1, sizeof(PyObject *));
+        if (table == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < count; i++)
+            table[((Node *)items[i])->id - low] = items[i];
+        Py_ssize_t placed = 0;
+        for (long long slot = 0; slot <= high - low; slot++)
+            if (table[slot] != NULL)
+                items[placed++] = table[slot];
+        PyMem_Free(table);
+        return 0;
+    }
+    Keyed *keyed = PyMem_New(Keyed, count);
+    if (keyed == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        keyed[i].id = ((Node *)items[i])->id;
+        keyed[i].node = items[i];
+    }
+    qsort(keyed, count, sizeof(Keyed), by_id);
+    for (Py_ssize_t i = 0; i < count; i++)
+        items[i] = keyed[i].node;
+    PyMem_Free(keyed);
+    return 0;
+}
+
+/* The candidates for a node: a tuple of (MatchProgram, row,
+ * argument_positions) entries, checked on first use. */
+static int
+check_candidates(PyObject *entries)
+{
+    if (!PyTuple_Check(entries))
+        goto bad;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
+        PyObject *entry = PyTuple_GET_ITEM(entries, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3
+                || !Py_IS_TYPE(PyTuple_GET_ITEM(entry, 0), program_type)
+                || !PyTuple_Check(PyTuple_GET_ITEM(entry, 2)))
+            goto bad;
+    }
+    return 0;
+bad:
+    PyErr_Format(PyExc_TypeError, "candidates must map a row to a tuple of "
+                 "(MatchProgram, row, argument positions), not %R", entries);
+    return -1;
+}
+
+PyDoc_STRVAR(replace_doc,
+"replace(roots, candidates, labels, swallowed)\n--\n\n"
+"Stage 2 of the pattern search: a queue search from ``roots`` (nodes)\n"
+"tries each reached node's candidates (``candidates`` maps its row to a\n"
+"tuple of (MatchProgram, pattern row, argument positions), in the order\n"
+"to try); the first that matches rewrites the node in place into one\n"
+"running the pattern on the walk's inputs at the argument positions, adds\n"
+"the ids of the subgraph's other nodes to the set ``swallowed``, and the\n"
+"search goes on from those inputs; a node that matches nothing is passed\n"
+"by, and the search goes on from its operands.  Only unevaluated nodes\n"
+"are reached.  Returns (reached, replaced): lists of nodes, in id order.");
+
+static PyObject *
+replace(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *given_candidates, *given, *swallowed;
+    if (!PyArg_ParseTuple(args, "OO!OO!:replace", &roots, &PyDict_Type,
+                          &given_candidates, &given, &PySet_Type, &swallowed))
+        return NULL;
+    /* Copies: Python code run by label callbacks cannot change them. */
+    PyObject *root_list = PySequence_Fast(roots, "replace(): roots must be "
+                                          "a sequence of nodes");
+    if (root_list == NULL)
+        return NULL;
+    PyObject *candidates = PyDict_Copy(given_candidates);
+    if (candidates == NULL) {
+        Py_DECREF(root_list);
+        return NULL;
+    }
+    Labels labels;
+    if (labels_read(&labels, given) < 0) {
+        Py_DECREF(root_list);
+        Py_DECREF(candidates);
+        return NULL;
+    }
+    /* ``reached`` is also the queue: nodes are popped in the order they
+     * are reached.  It holds a reference to each; ``replaced`` borrows. */
+    PyObject *result = NULL, *stack[STACK_SLOTS];
+    PtrArray reached = {0}, replaced = {0};
+    Py_ssize_t head = 0;
+    IdSet ids = {0};
+    Run run;
+    int running = 0;
+
+    /* One run's arrays fit every candidate program. */
+    Py_ssize_t registers = 1, length = 0, position = 0;
+    PyObject *row, *entries;
+    while (PyDict_Next(candidates, &position, &row, &entries)) {
+        if (check_candidates(entries) < 0)
+            goto done;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
+            MatchProgram *program = (MatchProgram *)PyTuple_GET_ITEM(
+                PyTuple_GET_ITEM(entries, i), 0);
+            registers = Py_MAX(registers, program->registers);
+            length = Py_MAX(length, program->count);
+        }
+    }
+    if (run_start(&run, registers, length, stack) < 0)
+        goto done;
+    running = 1;
+    if (idset_init(&ids, 1024) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_list); i++) {
+        PyObject *root = PySequence_Fast_GET_ITEM(root_list, i);
+        if (!IS_NODE(root)) {
+            PyErr_Format(PyExc_TypeError, "replace(): root %zd is a %.100s, "
+                         "not a VirtualNode", i, Py_TYPE(root)->tp_name);
+            goto done;
+        }
+    }
+    if (enqueue(root_list, 0, &ids, &reached) < 0)
+        goto done;
+
+    while (head < reached.size) {
+        Node *node = (Node *)reached.items[head++];
+        PyObject *operands = NULL;
+        entries = node->row == NULL ? NULL
+                  : PyDict_GetItemWithError(candidates, node->row);
+        if (entries == NULL && PyErr_Occurred())
+            goto done;
+        /* (A root fed a NumPy or list value never matches: collection
+         * never walks one, so no pattern holds such a value.) */
+        for (Py_ssize_t i = 0; entries != NULL && i < PyTuple_GET_SIZE(entries); i++) {
+            PyObject *entry = PyTuple_GET_ITEM(entries, i);
+            int found = run_program((MatchProgram *)PyTuple_GET_ITEM(entry, 0),
+                                    node, &labels, &run);
+            if (found < 0)
+                goto done;
+            if (found) {   /* the first match wins: the largest pattern */
+                operands = rewrite(node, entry, &run, swallowed);
+                if (operands == NULL)
+                    goto done;
+                if (ptr_push(&replaced, (PyObject *)node) < 0)
+                    goto done;
+                break;
+            }
+        }
+        if (operands == NULL)
+            operands = operands_of(node);
+        if (operands != NULL
+                && enqueue(operands, 1, &ids, &reached) < 0)
+            goto done;
+    }
+    if (sort_by_id(reached.items, reached.size) < 0
+            || sort_by_id(replaced.items, replaced.size) < 0)
+        goto done;
+    PyObject *reached_list = list_of(reached.items, reached.size);
+    PyObject *replaced_list = list_of(replaced.items, replaced.size);
+    if (reached_list != NULL && replaced_list != NULL)
+        result = PyTuple_Pack(2, reached_list, replaced_list);
+    Py_XDECREF(reached_list);
+    Py_XDECREF(replaced_list);
+done:
+    if (running)
+        run_end(&run, stack);
+    for (Py_ssize_t i = 0; i < reached.size; i++)
+        Py_DECREF(reached.items[i]);
+    PyMem_Free(reached.items);
+    PyMem_Free(replaced.items);
+    idset_free(&ids);
+    idset_free(&labels.required);
+    Py_DECREF(candidates);
+    Py_DECREF(root_list);
+    return result;
+}
+
+/* -- registration ---------------------------------------------------------------- */
+
+static PyMethodDef match_methods[] = {
+    {"match", match, METH_VARARGS, match_doc},
+    {"replace", replace, METH_VARARGS, replace_doc},
+    {NULL},
+};
 
 int
 add_match_functions(PyObject *module)
 {
-    (void)module;
-    return 0;
+    str_value = PyUnicode_InternFromString("value");
+    program_type = (PyTypeObject *)PyType_FromSpec(&program_spec);
+    if (str_value == NULL || program_type == NULL
+            || PyModule_AddObjectRef(module, "MatchProgram",
+                                     (PyObject *)program_type) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, match_methods);
 }

@@ -32,6 +32,7 @@ is one input.
 import collections
 import time
 
+from . import _native
 from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from .context import context
 from .patch.node import VirtualNode
@@ -126,44 +127,28 @@ class PatternSearch:
 
     # -- stage 2 -----------------------------------------------------------------
     def _replace(self, roots, signer, depth):
-        swallowed = context.swallowed
-        # Per root op and attributes (a leaf's 3-way split and an inner
-        # node's 5-way one try different patterns): (matcher, pattern) to
-        # try, the largest pattern first.
-        candidates_by_root = {
-            root: [(signer.matcher(template, depth), pattern)
-                   for template, pattern in candidates]
-            for root, candidates in self.templates.items()}
-        replaced = []
-        queue = collections.deque(roots)
-        reached = {node.id: node for node in roots}
-        while queue:
-            node = queue.popleft()
-            candidates = candidates_by_root.get((node.row, node.attrs))
-            found = None
-            if candidates:  # (a root fed a NumPy or list value never matches:
-                # collection never walks one, so no template holds such a value)
-                for matcher, pattern in candidates:
-                    found = matcher(node)
-                    if found is not None:
-                        break
-            if found is None:
-                operands = node.inputs
-            else:
-                inputs, inner_nodes = found
-                operands = tuple(inputs[position]
-                                 for position in pattern.argument_positions)
-                node.row, node.attrs, node.inputs = pattern.row, (), operands
-                inner_nodes.pop()  # the root, last in the walk's order
-                swallowed.update([inner.id for inner in inner_nodes])
-                pattern.matches += 1
-                replaced.append(node)
-            _enqueue(operands, reached, queue)
+        # Per root op: (program, pattern row, argument positions) to try, the
+        # largest pattern first.  A leaf's 3-way split and an inner node's
+        # 5-way one try different patterns: a program checks the root's
+        # attributes first, so one list per op tries the same ones in the
+        # same order as a list per (op, attributes) would.
+        by_row = {}
+        for (row, _), candidates in self.templates.items():
+            by_row.setdefault(row, []).extend(candidates)
+        candidates_by_row = {
+            row: tuple((template.program(depth), pattern.row,
+                        tuple(pattern.argument_positions))
+                       for template, pattern in sorted(
+                           candidates, key=lambda candidate: -candidate[1].op_count))
+            for row, candidates in by_row.items()}
+        reached, replaced = _native.replace(
+            roots, candidates_by_row, signer.match_labels(), context.swallowed)
+        for row, matches in collections.Counter(node.row for node in replaced).items():
+            row.pattern.matches += matches
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
-            replaced.sort(key=_node_id)
-            self._fuse(replaced)
-        return [reached[node_id] for node_id in sorted(reached)]  # in order
+            self._fuse(replaced)  # (in id order: recording order)
+        return reached
 
     def _fuse(self, pattern_nodes):
         """Join each pattern node to the multi-output pattern node whose
@@ -257,9 +242,9 @@ def _feeds(node, producer, budget=64):
 
 
 def _enqueue(operands, reached, queue):
-    """The queue search's step (both stages): queue the unevaluated nodes
-    among ``operands`` not reached before.  (``evaluated`` is inlined: this
-    runs for every operand of every node.)"""
+    """The queue search's step (stage 1; stage 2's is in native/match.c):
+    queue the unevaluated nodes among ``operands`` not reached before.
+    (``evaluated`` is inlined: this runs for every operand of every node.)"""
     for operand in operands:
         if type(operand) is VirtualNode and operand.result is None \
                 and operand.batch is None and operand.id not in reached:

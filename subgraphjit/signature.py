@@ -41,6 +41,7 @@ import itertools
 import tensorflow as tf
 import xxhash
 
+from . import _native
 from .patch.node import VirtualNode
 from .patch.record import ACCESS
 from .patch.spec import is_variable, spec_of_foreign
@@ -103,6 +104,7 @@ class Signer:
         self._labels = {}
         self._spec_labels = {}
         self._input_labels = {}
+        self._operand_kinds = {}   # type -> its operands' label kind (match.c)
         self.nodes_hashed = 0  # label hashes computed: the work done
 
     def walk(self, root, depth):
@@ -188,22 +190,20 @@ class Signer:
         """The walk from ``root`` if its signature's key equals the
         template's (see ``Template``), else None.  It compares structure
         top-down and stops at the first difference, hashing nothing: the
-        cheap way to find known patterns.  ``walk`` is the specification; a
-        property test checks the two agree."""
-        found = self.matcher(template, depth)(root)
-        return None if found is None else Walk(template.signature, *found)
-
-    def matcher(self, template, depth):
-        """``match`` as a function of the root alone, returning the walk's
-        (inputs, nodes) or None: for a caller that matches many roots.
-        Matchers stop where a pattern's walk stops (section 5.5)."""
+        cheap way to find known patterns (``_match_program``).  Matches stop
+        where a pattern's walk stops (section 5.5).  ``walk`` is the
+        specification; a property test checks the two agree."""
         if not self.for_patterns:
             raise ValueError("matching needs a Signer made for_patterns")
-        make = template.matchers.get(depth)
-        if make is None:
-            make = template.matchers[depth] = _compile_matcher(template, depth)
-        return make(self.required, self._spec_labels, self._spec_label,
-                    self._input_labels, self._boundary_label, self._operand_label)
+        found = _native.match(template.program(depth), root, self.match_labels())
+        return None if found is None else Walk(template.signature, *found)
+
+    def match_labels(self):
+        """What match programs read of this Signer (native/match.c): the
+        required node ids, and each label cache with what fills it."""
+        return (self.required, self._spec_labels, self._spec_label,
+                self._input_labels, self._boundary_label, self._operand_kinds,
+                self._operand_label)
 
     def _spec_label(self, spec):
         """The spec part of a node's label, cached per (interned) spec."""
@@ -252,7 +252,7 @@ class Template:
     op-table row, the output index or the shared node's position."""
 
     __slots__ = ("signature", "key", "kind", "label", "detail", "attrs",
-                 "attr_types", "spec_label", "arity", "children", "matchers")
+                 "attr_types", "spec_label", "arity", "children", "programs")
 
     def __init__(self, key, rows, signature=None):
         self.signature = signature
@@ -267,100 +267,73 @@ class Template:
         self.spec_label = label[4] if self.kind == "op" else None
         self.children = [Template(child, rows) for child in children]
         self.arity = len(self.children)
-        self.matchers = {}  # depth -> matcher factory (``_compile_matcher``)
+        self.programs = {}  # depth -> MatchProgram (``_match_program``)
+
+    def program(self, depth):
+        """The ``MatchProgram`` matching this template at ``depth``."""
+        found = self.programs.get(depth)
+        if found is None:
+            found = self.programs[depth] = _match_program(self, depth)
+        return found
 
 
 _OPERAND_KINDS = ("parameter", "constant", "tensor", "value")
 
 
-def _compile_matcher(template, depth):
-    """A Python function that matches ``template`` at ``depth`` from a root
-    node: the recursive comparison ``walk`` implies, unrolled into straight
-    code with every depth, label and visiting position decided here, once.
-    Matching runs for every node of every minibatch, so this is the search's
-    hot loop.  The function returns (inputs, nodes) as ``walk`` lists them,
-    or None; it is made per Signer (its required nodes and label caches)
-    by the factory returned here."""
-    lines = ["def make(required, spec_labels, spec_label, input_labels,"
-             " input_label, operand_label):",
-             "  def match(n0):",
-             "    seen = set()", "    inputs = []", "    nodes = []"]
-    constants = {"VirtualNode": VirtualNode, "ACCESS": ACCESS,
-                 "has_value_operand": has_value_operand}
-    trail = []           # variable holding the node at each visiting position
-    names = itertools.count(1)
+def _match_program(template, depth):
+    """The comparison ``walk`` implies for ``template`` at ``depth``, with
+    every depth, label and visiting position decided here, once: a
+    ``MatchProgram`` that native/match.c runs (its instructions are
+    described there).  Matching runs for every node of every minibatch, so
+    this is the search's hot loop."""
+    code = []
+    trail = []                   # the register of each visiting position
+    registers = itertools.count(1)  # register 0 holds the root
 
-    def constant(value):
-        name = f"c{len(constants)}"
-        constants[name] = value
-        return name
-
-    def emit(line):
-        lines.append("    " + line)
-
-    def node(t, var, depth, is_root):
+    def node(t, register, depth, is_root):
         if t.kind == "shared":  # the very node visited at that position
-            emit(f"if {var} is not {trail[t.detail]}: return None")
+            code.append(("same", register, trail[t.detail]))
             return
         if not is_root and t.kind != "op":  # (an op has one consumer: reached once)
-            emit(f"if {var}.id in seen: return None")
+            code.append(("unseen", register))
         if t.kind == "input":  # the walk must stop here (Signer._stops_at)
-            source = f"n{next(names)}"
-            emit(f"if {var}.row is ACCESS:")
-            emit(f"    if {var}.inputs:")
-            emit(f"        {source} = {var}.inputs[0]")
-            emit(f"        if {source}.id in seen: return None")
-            if depth > 0:  # else depth alone stops it
-                emit(f"        if {source}.inputs and {source}.consumers < 2 and "
-                     f"{source}.id not in required: return None")
-                emit(f"elif {var}.inputs and {var}.consumers < 2 and {var}.id not "
-                     f"in required and not has_value_operand({var}): return None")
-            emit(f"if (input_labels.get({var}.spec) or input_label({var})) "
-                 f"!= {constant(t.label)}: return None")
-            emit(f"seen.add({var}.id); inputs.append({var})")
-            trail.append(var)
+            code.append(("input", register, ACCESS, depth > 0, t.label))
+            trail.append(register)
         elif t.kind == "output":
-            source = f"n{next(names)}"
-            emit(f"if {var}.row is not ACCESS or not {var}.inputs or "
-                 f"{var}.attrs[0] != {t.detail}: return None")
-            emit(f"{source} = {var}.inputs[0]")
-            stops = ("True" if depth == 0 else
-                     f"(not {source}.inputs or {source}.consumers > 1 "
-                     f"or {source}.id in required)")
-            emit(f"if {stops} and {source}.id not in seen: return None")
+            source = next(registers)
+            code.append(("output", register, ACCESS, t.detail, depth > 0, source))
             node(t.children[0], source, depth, False)
         elif t.kind == "op" and depth > 0:
-            checks = [f"{var}.row is not {constant(t.detail)}",
-                      f"len({var}.inputs) != {t.arity}",
-                      f"{var}.attrs != {constant(t.attrs)}"]
-            if t.attrs:
-                checks.append(f"tuple(map(type, {var}.attrs)) != {constant(t.attr_types)}")
-            if not is_root:
-                checks.append(f"{var}.consumers > 1 or {var}.id in required")
-            checks.append(f"(spec_labels.get({var}.spec) or spec_label({var}.spec)) "
-                          f"!= {constant(t.spec_label)}")
-            emit(f"if {' or '.join(checks)}: return None")
+            code.append(("op", register, t.detail, t.arity, t.attrs,
+                         t.attr_types if t.attrs else None, not is_root,
+                         t.spec_label))
             for position, child in enumerate(t.children):
-                operand = f"n{next(names)}"
-                emit(f"{operand} = {var}.inputs[{position}]")
                 if child.kind in _OPERAND_KINDS:  # not a recorded node
-                    emit(f"if type({operand}) is VirtualNode or operand_label("
-                         f"{operand}) != {constant(child.label)}: return None")
-                    emit(f"inputs.append({operand})")
+                    code.append(_operand_check(register, position, child.label))
                 else:
-                    emit(f"if type({operand}) is not VirtualNode: return None")
+                    operand = next(registers)
+                    code.append(("child", register, position, operand))
                     node(child, operand, depth - 1, False)
-            emit(f"nodes.append({var})")
-            trail.append(var)
+            code.append(("node", register))
+            trail.append(register)
         else:  # an op at depth 0, or a leaf kind where a node must be
-            emit("return None")
+            code.append(("fail",))
 
-    node(template, "n0", depth, True)
-    emit("return inputs, nodes")
-    lines.append("  return match")
-    namespace = dict(constants)
-    exec(compile("\n".join(lines) + "\n", "<subgraphjit matcher>", "exec"), namespace)
-    return namespace["make"]
+    node(template, 0, depth, True)
+    return _native.MatchProgram(tuple(code))
+
+
+def _operand_check(register, position, label):
+    """The check of an operand that is no node against its label (see
+    ``Signer._operand_label``): a shared parameter or tensor is that very
+    object, a Python number that value of that exact type; a NumPy or list
+    value's label is asked for."""
+    kind = label[0]
+    if kind in ("parameter", "tensor"):
+        return ("identity", register, position, kind, label[1])
+    if kind == "constant":
+        return ("constant", register, position, _NUMBER_TYPES[label[1]], label[2])
+    return ("label", register, position, label)
 
 
 def has_value_operand(node):
@@ -376,6 +349,7 @@ def has_value_operand(node):
 
 
 _PYTHON_NUMBERS = (int, float, bool)
+_NUMBER_TYPES = {kind.__name__: kind for kind in _PYTHON_NUMBERS}
 
 
 def _dtypes(spec):
