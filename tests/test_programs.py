@@ -24,9 +24,11 @@ from test_patterns import assert_matches_eager
 
 
 @pytest.fixture
-def compiled():
+def compiled(monkeypatch):
     """Patterns from the first minibatch on; every program compiled at its
-    first sighting."""
+    first sighting, however many node kinds it has (so that every model's
+    programs are checked, not only those compiled by default)."""
+    monkeypatch.setattr(program, "MAX_KINDS", 10**6)
     keys = ("compile", "granularity", "collect")
     previous = [tf.get_parameter(key) for key in keys]
     for key, value in zip(keys, (1, "subgraph", 1)):
@@ -184,6 +186,7 @@ def test_compiles_stop_when_the_budget_is_spent(compiled, monkeypatch):
     """A model whose keys keep changing stops compiling; its evaluations
     run step by step, with eager's results."""
     monkeypatch.setattr(program, "BUDGET", 1)
+    tf.reset_stats()
     rng = np.random.default_rng(12)
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
     for width in (1, 2, 1, 2):   # two keys, each seen twice
