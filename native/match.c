@@ -42,87 +42,8 @@
  * reference for as long as it is used, since label callbacks and
  * comparisons run Python code. */
 #include "native.h"
+#include "idset.h"
 
-/* -- a set of node ids ------------------------------------------------------- */
-
-/* Open addressing, kept at most half full; ids are distinct per node. */
-typedef struct {
-    long long *keys;
-    unsigned char *used;
-    size_t mask, count;
-} IdSet;
-
-static size_t
-id_slot(const IdSet *set, long long id)
-{
-    size_t slot = (((unsigned long long)id * 0x9E3779B97F4A7C15ull) >> 17)
-                  & set->mask;
-    while (set->used[slot] && set->keys[slot] != id)
-        slot = (slot + 1) & set->mask;
-    return slot;
-}
-
-static int
-idset_init(IdSet *set, size_t capacity)
-{
-    set->mask = capacity - 1;
-    set->count = 0;
-    set->keys = PyMem_Malloc(capacity * sizeof(long long));
-    set->used = PyMem_Calloc(capacity, 1);
-    if (set->keys == NULL || set->used == NULL) {
-        PyMem_Free(set->keys);
-        PyMem_Free(set->used);
-        set->keys = NULL;
-        set->used = NULL;
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
-
-static void
-idset_free(IdSet *set)
-{
-    PyMem_Free(set->keys);
-    PyMem_Free(set->used);
-    set->keys = NULL;
-    set->used = NULL;
-}
-
-/* 1 if ``id`` was new, 0 if present, -1 on memory error. */
-static int
-idset_add(IdSet *set, long long id)
-{
-    size_t slot = id_slot(set, id);
-    if (set->used[slot])
-        return 0;
-    if (2 * (set->count + 1) > set->mask + 1) {
-        IdSet bigger;
-        if (idset_init(&bigger, 2 * (set->mask + 1)) < 0)
-            return -1;
-        for (size_t i = 0; i <= set->mask; i++) {
-            if (set->used[i]) {
-                size_t to = id_slot(&bigger, set->keys[i]);
-                bigger.used[to] = 1;
-                bigger.keys[to] = set->keys[i];
-                bigger.count++;
-            }
-        }
-        idset_free(set);
-        *set = bigger;
-        slot = id_slot(set, id);
-    }
-    set->used[slot] = 1;
-    set->keys[slot] = id;
-    set->count++;
-    return 1;
-}
-
-static int
-idset_contains(const IdSet *set, long long id)
-{
-    return set->used[id_slot(set, id)];
-}
 
 /* A growable array; PyMem_Realloc keeps the old block on failure. */
 typedef struct {
