@@ -11,37 +11,11 @@
  * borrowed node pointers while no Python code runs: nothing can free a node
  * between reading it and handing it back in a list. */
 #include "native.h"
-#include "idset.h"
-
-/* -- growable arrays -------------------------------------------------------- */
-
-/* The arrays grow by doubling; PyMem_Realloc keeps the old block on failure,
- * so a failed push leaves the array as it was (and MemoryError set). */
-typedef struct {
-    void **items;
-    Py_ssize_t size, capacity;
-} PtrArray;
-
-static int
-ptr_push(PtrArray *array, void *item)
-{
-    if (array->size == array->capacity) {
-        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 64;
-        void **items = PyMem_Realloc(array->items, capacity * sizeof(void *));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        array->items = items;
-        array->capacity = capacity;
-    }
-    array->items[array->size++] = item;
-    return 0;
-}
+#include "containers.h"
 
 /* -- unevaluated_ancestors -------------------------------------------------- */
 
-/* Node ids seen: an IdSet (idset.h); the Python version keyed its ``found``
+/* Node ids seen: an IdSet (containers.h); the Python version keyed its ``found``
  * dict by id too. */
 
 /* Unevaluated: no value yet, neither its own nor a row of a batch.  A field

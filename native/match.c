@@ -42,32 +42,8 @@
  * reference for as long as it is used, since label callbacks and
  * comparisons run Python code. */
 #include "native.h"
-#include "idset.h"
+#include "containers.h"
 
-
-/* A growable array; PyMem_Realloc keeps the old block on failure. */
-typedef struct {
-    PyObject **items;
-    Py_ssize_t size, capacity;
-} PtrArray;
-
-static int
-ptr_push(PtrArray *array, PyObject *item)
-{
-    if (array->size == array->capacity) {
-        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 256;
-        PyObject **items = PyMem_Realloc(array->items,
-                                         capacity * sizeof(PyObject *));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        array->items = items;
-        array->capacity = capacity;
-    }
-    array->items[array->size++] = item;
-    return 0;
-}
 
 /* -- MatchProgram -------------------------------------------------------------- */
 
@@ -1036,11 +1012,14 @@ replace(PyObject *module, PyObject *args)
                 && enqueue(operands, 1, &ids, &reached) < 0)
             goto done;
     }
-    if (sort_by_id(reached.items, reached.size) < 0
-            || sort_by_id(replaced.items, replaced.size) < 0)
+    /* (The arrays hold nodes only.) */
+    PyObject **reached_nodes = (PyObject **)reached.items;
+    PyObject **replaced_nodes = (PyObject **)replaced.items;
+    if (sort_by_id(reached_nodes, reached.size) < 0
+            || sort_by_id(replaced_nodes, replaced.size) < 0)
         goto done;
-    PyObject *reached_list = list_of(reached.items, reached.size);
-    PyObject *replaced_list = list_of(replaced.items, replaced.size);
+    PyObject *reached_list = list_of(reached_nodes, reached.size);
+    PyObject *replaced_list = list_of(replaced_nodes, replaced.size);
     if (reached_list != NULL && replaced_list != NULL)
         result = PyTuple_Pack(2, reached_list, replaced_list);
     Py_XDECREF(reached_list);
@@ -1049,7 +1028,7 @@ done:
     if (running)
         run_end(&run, stack);
     for (Py_ssize_t i = 0; i < reached.size; i++)
-        Py_DECREF(reached.items[i]);
+        Py_DECREF((PyObject *)reached.items[i]);
     PyMem_Free(reached.items);
     PyMem_Free(replaced.items);
     idset_free(&ids);

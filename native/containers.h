@@ -1,11 +1,39 @@
-/* A set of node ids for the C files of subgraphjit._native: open
- * addressing, kept at most half full, so probes stay short (ids are
- * distinct per node). */
-#ifndef SUBGRAPHJIT_IDSET_H
-#define SUBGRAPHJIT_IDSET_H
+/* The small containers the C files of subgraphjit._native share. */
+#ifndef SUBGRAPHJIT_CONTAINERS_H
+#define SUBGRAPHJIT_CONTAINERS_H
 
 #include "native.h"
 
+/* -- a growable array of pointers ------------------------------------------- */
+
+/* The arrays grow by doubling; PyMem_Realloc keeps the old block on failure,
+ * so a failed push leaves the array as it was (and MemoryError set). */
+typedef struct {
+    void **items;
+    Py_ssize_t size, capacity;
+} PtrArray;
+
+static inline int
+ptr_push(PtrArray *array, void *item)
+{
+    if (array->size == array->capacity) {
+        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 64;
+        void **items = PyMem_Realloc(array->items, capacity * sizeof(void *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        array->items = items;
+        array->capacity = capacity;
+    }
+    array->items[array->size++] = item;
+    return 0;
+}
+
+/* -- a set of node ids ------------------------------------------------------ */
+
+/* Open addressing, kept at most half full, so probes stay short (ids are
+ * distinct per node). */
 typedef struct {
     long long *keys;
     unsigned char *used;
