@@ -90,8 +90,9 @@ def main():
                         help="embedding and hidden size (or matrix size)")
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--minibatches", type=int, default=8)
-    parser.add_argument("--warm-up", type=int, default=4,
-                        help="untimed minibatches first (patterns collect in 3)")
+    parser.add_argument("--warm-up", type=int, default=10,
+                        help="untimed minibatches first (patterns collect in 3, "
+                             "a program compiles at its key's 4th sighting)")
     arguments = parser.parse_args()
     defaults = {key: subgraphjit.get_parameter(key) for key in ("granularity", "compile")}
     print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
