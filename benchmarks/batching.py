@@ -8,7 +8,7 @@ with autobatching, agenda and depth (if ``dynet38`` is installed; run in
 subprocesses); and subgraphjit with each scheduler and granularity (ops, or
 frequent subgraphs as units), every batch its own launch (``compile`` 0),
 and with agenda, each evaluation run as one compiled program once its key
-recurs (``compiled``: ``compile`` 4, the default).  Ratios are to plain
+recurs (``compiled``: ``compile`` 4).  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
@@ -191,7 +191,7 @@ def main():
     settings = [(scheduler, granularity, 0) for granularity in ("op", "subgraph")
                 for scheduler in ("agenda", "depth", "fsm")]
     # Each evaluation as one compiled program once its key is 4 of the last
-    # 16 (the default).
+    # 16.
     settings += [("agenda", "op", 4), ("agenda", "subgraph", 4)]
     for scheduler, granularity, compile_after in settings:
         def make(scheduler=scheduler, granularity=granularity,

@@ -91,11 +91,13 @@ PARAMETERS = {
         "with ED-Batch's PQ tree ('pq') so that operands are slices of "
         "earlier results instead of gathers"),
     "compile": Parameter(
-        4, int, lambda value: _positive_int(value) or value == 0,
+        0, int, lambda value: _positive_int(value) or value == 0,
         "run an evaluation as one compiled TensorFlow call (batch/plan.py, "
         "batch/program.py) once its program's key is this many of the last "
-        "16 evaluations' keys (a model whose keys keep changing never "
-        "compiles); 0: never, every batch runs as its own op"),
+        "16 evaluations' keys (4 is a good value: a model whose keys keep "
+        "changing never compiles); 0 (the default, see BENCHMARKS.md: "
+        "faster at batch 25 training, slower at 256 and in inference): "
+        "never, every batch runs as its own op"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
