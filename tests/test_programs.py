@@ -261,3 +261,26 @@ def test_a_program_of_many_kinds_runs_step_by_step():
         assert stats["program_runs"] == 0
     finally:
         tf.set_parameter("compile", previous)
+
+
+def test_a_tensor_shared_by_two_kinds_in_one_minibatch_and_not_the_next():
+    """The key holds a shared tensor's dtype and shape, not which other
+    operands are the same tensor: each is its own argument."""
+    previous = tf.get_parameter("compile")
+    tf.set_parameter("compile", 1)
+    try:
+        rng = np.random.default_rng(15)
+        for same in (True, False, True):
+            first = tensorflow.constant(rng.normal(size=(3, 3)).astype(np.float32))
+            second = first if same else tensorflow.constant(
+                rng.normal(size=(3, 3)).astype(np.float32))
+            rows = [rng.normal(size=(3, 3)).astype(np.float32) for _ in range(2)]
+            with tf.batching():
+                values = [tf.matmul(tf.identity(row), first) + second for row in rows]
+            for value, row in zip(values, rows):
+                np.testing.assert_allclose(
+                    value.numpy(), row @ first.numpy() + second.numpy(),
+                    rtol=1e-5, atol=1e-5)
+        assert tf.stats()["program_runs"] >= 2
+    finally:
+        tf.set_parameter("compile", previous)

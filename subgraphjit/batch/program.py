@@ -140,6 +140,13 @@ class _Shared:
             self.places.append(places)
 
     def _add(self, value):
+        """Its argument number.  A variable given twice is one argument (its
+        id is in the key); a tensor is its own argument each time, since
+        the key says only its dtype and shape, and another minibatch may
+        give two tensors where this one gives one."""
+        if not is_variable(value):
+            self.values.append(value)
+            return len(self.values) - 1
         number = self._number.get(id(value))
         if number is None:
             number = self._number[id(value)] = len(self.values)
