@@ -9,9 +9,9 @@ the results of the steps, in step order, followed by the program's inputs
 (the values of nodes evaluated in an earlier evaluation, and Python lists
 stacked).  A step is one batch: a node *kind* (op or pattern, attributes,
 which operands are shared and which are rows of which buffer), the number of
-instances, where each per-instance operand's rows start in one flat row
-array, and where its outputs' rows start in their buffers (each output's
-rows are consecutive).
+instances, where its operands' rows start in one flat row array (each
+per-instance operand's rows in turn), and where its outputs' rows start in
+their buffers (each output's rows are consecutive).
 
 A compiled program pays off only if later minibatches reuse it, so what it
 is compiled for -- the ``key`` -- holds the kinds and the buffers' specs,
