@@ -14,7 +14,7 @@ from subgraphjit import VirtualNode, _native
 from subgraphjit.batch import graph as graph_module
 from subgraphjit.batch.graph import BatchGraph, NodeOperand
 from subgraphjit.batch.schedulers import (AgendaScheduler, DepthScheduler,
-                                          depths, schedule)
+                                          depths, schedule, step_by_step)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.patch.record import ACCESS
@@ -89,16 +89,6 @@ def reference_agenda_schedule(graph):
                 if waiting[consumer] == 0:
                     del waiting[consumer]
                     ready.setdefault(type_of[consumer], []).append(consumer)
-        batches.append(batch)
-    return batches
-
-
-def step_by_step(graph, scheduler):
-    """A schedule through init / next_batch / post_process (the FSM's way)."""
-    scheduler.init(graph)
-    batches = []
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
         batches.append(batch)
     return batches
 

@@ -24,6 +24,12 @@ def schedule(graph, scheduler):
     whole_schedule = getattr(scheduler, "whole_schedule", None)
     if whole_schedule is not None:
         return whole_schedule(graph)
+    return step_by_step(graph, scheduler)
+
+
+def step_by_step(graph, scheduler):
+    """A schedule through the interface's three calls (the FSM's way; for
+    agenda and depth, what their native ``whole_schedule`` must equal)."""
     scheduler.init(graph)
     batches = []
     while (batch := scheduler.next_batch()) is not None:
