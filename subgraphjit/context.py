@@ -162,8 +162,9 @@ class Context:
         # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
-        # Ids of nodes inside a replaced pattern, computed only on demand:
-        # closing scopes skip them.
+        # Ids of nodes inside a replaced pattern, or whose output a compiled
+        # program did not keep, computed only on demand: closing scopes skip
+        # them.
         self.swallowed = set()
         self.session = 0
         self.reset_stats()

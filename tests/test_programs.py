@@ -284,3 +284,16 @@ def test_a_tensor_shared_by_two_kinds_in_one_minibatch_and_not_the_next():
         assert tf.stats()["program_runs"] >= 2
     finally:
         tf.set_parameter("compile", previous)
+
+
+def test_outputs_not_kept_are_not_computed_when_the_tape_closes(compiled):
+    """A training step whose program keeps only the outputs nodes read is
+    one evaluation: the tape's exit leaves the rest (like nodes inside a
+    pattern) to be computed only if asked for."""
+    rng = np.random.default_rng(16)
+    model = MODELS["tree_lstm"](rng)
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 5))  # collect
+    tf.reset_stats()
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 5))
+    stats = tf.stats()
+    assert stats["program_runs"] == 1 and stats["evaluations"] == 1, stats

@@ -555,9 +555,11 @@ def _each_instance(kind, values, flags, count):
     return results if row.multi_output else results[0]
 
 
-def run(program, compiled, graph, statistics):
+def run(program, compiled, graph, statistics, swallowed):
     """Run ``program`` with its compiled form and leave each node's value as
-    its row of a buffer."""
+    its row of a buffer.  A node whose output is not kept joins
+    ``swallowed`` (like a node inside a pattern: left unevaluated, with its
+    inputs, and computed only if someone asks)."""
     outputs = compiled(program)
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
@@ -571,16 +573,17 @@ def run(program, compiled, graph, statistics):
         location = program.location(index)
         if isinstance(location, list):   # a multi-output node
             if None in location:
-                # An output not kept: the node stays unevaluated, with its
-                # inputs, computed again if someone asks (its kept outputs'
-                # access nodes have rows of their own).
+                # An output not kept (its kept outputs' access nodes have
+                # rows of their own).
+                swallowed.add(node.id)
                 continue
             node.batch = [outputs[buffer] for buffer, _ in location]
             node.batch_row = tuple(row for _, row in location)
         elif location is not None:
             node.batch, node.batch_row = outputs[location[0]], location[1]
         elif node.row is not ACCESS or graph.operands[index][0].index >= 0:
-            continue   # not kept, as above
+            swallowed.add(node.id)   # not kept, as above
+            continue
         node.inputs = ()
         node.site = None
         if node.consumers == 0 and node.batch is not None:
