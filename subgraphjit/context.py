@@ -96,7 +96,7 @@ PARAMETERS = {
         "batch/program.py) once its program's key is this many of the last "
         "16 evaluations' keys (4 is a good value: a model whose keys keep "
         "changing never compiles); 0 (the default, see BENCHMARKS.md: "
-        "faster at batch 25 training, slower at 256 and in inference): "
+        "faster at batch 25 training, slower at 256): "
         "never, every batch runs as its own op"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
