@@ -206,8 +206,6 @@ class Context:
         """Close the innermost scope; returns its nodes still to evaluate."""
         recorded = self.scopes.pop()
         self.pending = self.scopes[-1] if self.scopes else None
-        if not self.scopes and self.collector_was_on:
-            gc.enable()
         # A node nothing else references (not the user, not a later node)
         # can never be asked for its value, and no gradient reaches it, so
         # it is dropped, not evaluated: evaluated in one batch with live
@@ -229,6 +227,12 @@ class Context:
                                  and node.inputs[0].id in swallowed)]
             if not self.scopes:
                 swallowed.clear()
+        # The collector comes back on last: turned on while the scope's
+        # nodes were still being dropped, it swept all the young objects
+        # the scope made (a 256-tree minibatch's compiled program leaves
+        # 40,000 nodes, with their operand tuples, to drop: 270 ms).
+        if not self.scopes and self.collector_was_on:
+            gc.enable()
         return recorded
 
     # -- statistics ----------------------------------------------------------
