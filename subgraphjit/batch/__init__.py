@@ -7,9 +7,8 @@ one op through the executor.  ``set_parameter("scheduler", "none")`` turns
 batching off (each node runs on its own, the reference behaviour).  With
 ``layout="pq"`` the rows of every batch are ordered first (layout.py) so
 that operands are slices of earlier results rather than gathers.  With the
-``compile`` parameter set, the graph is instead planned in depth rounds
-(plan.py) and run as one compiled call (program.py) once its program's key
-recurs.
+``compile`` parameter set, the batches are instead planned as a program
+(plan.py) and run as one compiled call (program.py) once its key recurs.
 """
 
 import time

@@ -41,7 +41,7 @@ class Kind:
     ``operands``, per position, (SHARED, value) or (ROWS, buffer);
     ``outputs``, the buffer of each output, None for one not kept."""
 
-    __slots__ = ("row", "attrs", "spec", "operands", "outputs", "name")
+    __slots__ = ("row", "attrs", "spec", "operands", "outputs")
 
     def key(self):
         """What a compiled program depends on: never rows or tensor values."""
@@ -122,7 +122,6 @@ def outline(graph, batches, required=(), max_kinds=None):
         signature = graph.signatures[node_type]
         kind = Kind()
         kind.row, kind.attrs, kind.spec = node.row, node.attrs, node.spec
-        kind.name = graph.type_names[node_type]
         kind.operands = [
             (SHARED, graph.operands[example][position]) if is_shared
             else (ROWS, buffer_of[_buffer_spec(signature[3 + position])])
