@@ -215,6 +215,14 @@ class Pattern(_Compiled):
         compiled program passes them to ``stacked_body``'s function."""
         return list(self.captured.values())
 
+    @property
+    def captured_looked_up(self):
+        """Per captured value, in that order: are its rows looked up (a
+        variable whose gradient keeps an entry per lookup)?"""
+        names = {step.operands[step.row.gathers_from][1] for step in self.steps
+                 if step.name in self.variable_lookups}
+        return [name in names for name in self.captured]
+
     def stacked_body(self, argument_specs):
         """The pattern as a function of its stacked arguments (a list), each
         line through its op's batch rule; optionally given the values to use
@@ -345,6 +353,10 @@ class FusedPattern(_Compiled):
     @property
     def captured_values(self):
         return self.producer.captured_values + self.consumer.captured_values
+
+    @property
+    def captured_looked_up(self):
+        return self.producer.captured_looked_up + self.consumer.captured_looked_up
 
 
 def _spec_key(value):

@@ -498,18 +498,8 @@ def _looked_up(kind, places):
     """Shared-argument numbers whose rows the kind gathers."""
     row = kind.row
     if row.family == "pattern":
-        pattern = row.pattern
-        patterns = ([pattern.producer, pattern.consumer] if hasattr(pattern, "producer")
-                    else [pattern])
-        numbers, captured = [], iter(places["captured"])
-        for part in patterns:
-            for name in part.captured:
-                number = next(captured)
-                if any(step.row.gathers_from is not None
-                       and step.operands[step.row.gathers_from][1] == name
-                       for step in part.steps):
-                    numbers.append(number)
-        return numbers
+        return [number for number, looked_up in
+                zip(places["captured"], row.pattern.captured_looked_up) if looked_up]
     if row.gathers_from is not None and row.gathers_from in places:
         return [places[row.gathers_from]]
     return []
