@@ -19,6 +19,7 @@ from subgraphjit.batch.graph import BatchGraph
 from subgraphjit.batch.schedulers import SCHEDULERS, schedule
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
+from gradients import assert_gradient_equal
 from test_batching import minibatch_loss_and_gradients
 from test_patterns import assert_matches_eager
 
@@ -297,3 +298,31 @@ def test_outputs_not_kept_are_not_computed_when_the_tape_closes(compiled):
     minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 5))
     stats = tf.stats()
     assert stats["program_runs"] == 1 and stats["evaluations"] == 1, stats
+
+
+def test_a_pattern_looking_up_a_variables_rows_keeps_an_entry_each(compiled):
+    """A pattern line gathering constant rows of a captured variable (the
+    MV-RNN's idiom): compiled, the variable's gradient is an IndexedSlices
+    with an entry per instance, as eagerly."""
+    rng = np.random.default_rng(17)
+    table = tensorflow.Variable(rng.normal(size=(4, 3)).astype(np.float32))
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+
+    def loss(module, rows):
+        terms = [module.reduce_sum(module.tanh(module.matmul(
+            module.gather(table, 2) * row, weight))) for row in rows]
+        return module.add_n(terms)
+
+    for _ in range(3):   # collect, then compiled
+        rows = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(4)]
+        with tensorflow.GradientTape() as tape:
+            expected = loss(tensorflow, rows)
+        expected_gradients = tape.gradient(expected, [table, weight])
+        with tf.GradientTape() as tape:
+            actual = tf.build(loss(tf, [tf.identity(row) for row in rows]))
+        actual_gradients = tape.gradient(actual, [table, weight])
+        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
+        for got, want in zip(actual_gradients, expected_gradients):
+            assert_gradient_equal(got, want, atol=1e-5)
+    stats = tf.stats()
+    assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats
