@@ -244,9 +244,44 @@ append_pending(PyObject *node)
     return status;
 }
 
-/* spec_of_foreign(operand), with its two common cases taken here: Python
- * numbers (by exact type), and variables, which keep their spec on
- * themselves once spec_of_foreign has seen them. */
+/* Specs of lists of Python ints, by length: ``[word_ids[word]]`` given to
+ * an embedding lookup is the commonest foreign operand after variables, and
+ * spec_of_foreign would convert each with NumPy. */
+static PyObject *int_list_specs;   /* {length: Spec} */
+
+PyObject *
+int_list_spec(PyObject *operand)
+{
+    if (!PyList_CheckExact(operand) || int_list_specs == NULL)
+        return NULL;
+    Py_ssize_t length = PyList_GET_SIZE(operand);
+    if (length == 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        PyObject *item = PyList_GET_ITEM(operand, i);
+        int overflow;
+        if (!PyLong_CheckExact(item))
+            return NULL;   /* bools, floats, nested lists: the general path */
+        (void)PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow)
+            return NULL;   /* beyond int64: NumPy's verdict, not ours */
+    }
+    PyObject *key = PyLong_FromSsize_t(length);
+    if (key == NULL)
+        return NULL;
+    PyObject *spec = Py_XNewRef(PyDict_GetItemWithError(int_list_specs, key));
+    if (spec == NULL && !PyErr_Occurred()) {
+        spec = PyObject_CallOneArg(spec_of_foreign, operand);
+        if (spec != NULL && PyDict_SetItem(int_list_specs, key, spec) < 0)
+            Py_CLEAR(spec);
+    }
+    Py_DECREF(key);
+    return spec;
+}
+
+/* spec_of_foreign(operand), with its common cases taken here: Python
+ * numbers (by exact type), variables, which keep their spec on themselves
+ * once spec_of_foreign has seen them, and lists of ints. */
 static PyObject *
 foreign_spec(PyObject *operand)
 {
@@ -268,6 +303,9 @@ foreign_spec(PyObject *operand)
             return NULL;
         PyErr_Clear();
     }
+    spec = int_list_spec(operand);
+    if (spec != NULL || PyErr_Occurred())
+        return spec;
     return PyObject_CallOneArg(spec_of_foreign, operand);
 }
 
@@ -524,6 +562,7 @@ PyInit__native(void)
     str_pending = PyUnicode_InternFromString("pending");
     str_append = PyUnicode_InternFromString("append");
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
+    int_list_specs = PyDict_New();
     for (Py_ssize_t i = 0; i < SHARED_INDICES; i++) {
         index_attrs[i] = Py_BuildValue("(n)", i);
         if (index_attrs[i] == NULL) {
@@ -540,6 +579,7 @@ PyInit__native(void)
     }
     if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
             || str_append == NULL || str_variable_spec == NULL
+            || int_list_specs == NULL
             || one == NULL || node_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",

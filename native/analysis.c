@@ -741,7 +741,14 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                 key = Py_NewRef(Py_None);
                 is_shared = 1;
             }
-            else {   /* lists, arrays and indices: per instance, stacked */
+            else if ((part = int_list_spec(operand)) != NULL) {
+                /* A list of ints (word ids): its items are its value. */
+                key = PyList_AsTuple(operand);
+            }
+            else if (PyErr_Occurred()) {
+                key = NULL;
+            }
+            else {   /* other lists, arrays and indices: per instance, stacked */
                 part = PyObject_CallOneArg(d->spec_of_foreign, operand);
                 key = part == NULL ? NULL
                                    : PyObject_CallOneArg(d->value_key, operand);

@@ -37,6 +37,11 @@ typedef struct Node {
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
 
+/* _native.c: the spec of a non-empty list of Python ints (a new
+ * reference), or NULL: with an exception set on failure, else the operand
+ * is no such list. */
+PyObject *int_list_spec(PyObject *operand);
+
 /* analysis.c: the batching analysis over integer arrays; adds its
  * functions to the module (0, or -1 with an exception set). */
 int add_analysis_functions(PyObject *module);

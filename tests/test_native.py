@@ -15,7 +15,7 @@ import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.context import context
 from subgraphjit.patch.record import ACCESS, FrozenSlice
-from subgraphjit.patch.spec import NotLazy, spec
+from subgraphjit.patch.spec import NotLazy, spec, spec_of_foreign
 from subgraphjit.patch.table import ALL_ROWS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
@@ -178,6 +178,26 @@ def test_variables_and_python_numbers_give_their_own_specs():
     assert (h + 1).inputs == (h, 1) and (h + 1).row.name == "operator.add"
     with pytest.raises(TypeError):
         _native.setup(context, None, None, None, ACCESS, [], set())
+
+
+def test_lists_of_ints_give_the_spec_spec_of_foreign_gives():
+    """Lists of Python ints take a native fast path (a spec by length);
+    other lists, and ints beyond int64, take spec_of_foreign's."""
+    table = tensorflow.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+    rows = tf.tanh(table)
+    for ids in ([2], [3, 0, 3], [2], [1.0, 2.0, 3.0], [[1, 2, 3]], [1, 2, 3]):
+        node = tf.gather(rows, ids) if type(ids[0]) is int and len(ids) < 3 \
+            else rows + ids
+        key = (node.attrs, tuple(map(type, node.attrs)), rows.spec, spec_of_foreign(ids))
+        assert node.row.cache[key] is node.spec
+    np.testing.assert_array_equal(tf.gather(table, [3, 0, 3]).numpy(),
+                                  tensorflow.gather(table, [3, 0, 3]).numpy())
+    with pytest.raises(NotLazy):
+        spec_of_foreign([2 ** 64])
+    with pytest.raises(Exception) as eager_error:
+        tensorflow.gather(table, [2 ** 64])
+    with pytest.raises(type(eager_error.value)):
+        tf.gather(table, [2 ** 64])   # not recorded: eager's error, at once
 
 
 def test_graphs_rewritten_by_patterns_are_freed(parameters):

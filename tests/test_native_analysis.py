@@ -438,13 +438,21 @@ def test_foreign_operands_and_duplicates_match_the_reference():
     w = tensorflow.Variable(np.ones((3, 3), np.float32))
     with tf.GradientTape():
         a = tf.matmul(x, w)
+        # Lists of ints take a native fast path (their items are their
+        # value); lists of floats and nested lists do not.
+        ints, same_ints, other_ints = a + [1, 2, 3], a + [1, 2, 3], a + [1, 2, 4]
         nodes = [a, tf.matmul(x, w), a * 0.5, a * np.float32(0.5), a * 0.5,
                  tf.gather(a, [1, 0]), tf.gather(a, [1, 0]), tf.gather(a, np.array([0])),
                  tf.nn.embedding_lookup(w, [1]), tf.nn.embedding_lookup(w, [1]),
-                 a + x, tf.split(a, 3, axis=1)[1] * 2.0]
+                 a + x, tf.split(a, 3, axis=1)[1] * 2.0,
+                 tf.gather(a, [0, 1]), ints, same_ints, other_ints,
+                 a + [1.0, 2.0, 3.0], a + [1.0, 2.0, 3.0], a + [[1, 2, 3], [4, 5, 6]]]
         nodes = unevaluated_ancestors(nodes)
         graph = assert_same_description(nodes)
         assert -1 in graph.type_of
+        index = {node.id: number for number, node in enumerate(nodes)}
+        assert graph.duplicate_of[index[same_ints.id]] == index[ints.id]
+        assert graph.duplicate_of[index[other_ints.id]] == index[other_ints.id]
 
 
 def test_describe_graph_bad_input_raises_clean_errors():
