@@ -49,4 +49,7 @@ int add_analysis_functions(PyObject *module);
 /* match.c: pattern matching and replacement; the same contract. */
 int add_match_functions(PyObject *module);
 
+/* plan.c: a program's bookkeeping and write-back; the same contract. */
+int add_plan_functions(PyObject *module);
+
 #endif

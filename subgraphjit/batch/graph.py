@@ -40,7 +40,7 @@ class BatchGraph:
     """
 
     def __init__(self, nodes):
-        self.nodes = nodes
+        self.nodes = nodes if type(nodes) is list else list(nodes)
         self._type_names = None
         # The loop over the nodes is in C (describe_graph in
         # native/analysis.c): for each node, in order (operands come before
@@ -54,7 +54,7 @@ class BatchGraph:
         # indices), for the schedulers' dependency bookkeeping.
         (self.type_of, self.duplicate_of, self.operands, self.sources,
          self.signatures, self.shared_operand) = _native.describe_graph(
-            nodes if type(nodes) is list else list(nodes), ACCESS,
+            self.nodes, ACCESS,
             NodeOperand, _row_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
 

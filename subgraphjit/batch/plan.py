@@ -22,6 +22,7 @@ The Tree-LSTM's minibatches of any trees run one compiled program.
 import numpy as np
 import tensorflow as tf
 
+from .. import _native
 from ..patch.node import VirtualNode
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
@@ -63,26 +64,31 @@ class Program:
     """``kinds`` and ``buffers`` (the (dtype, row shape) of each; both in a
     fixed order, so that equal keys mean equal programs); ``steps``: per
     step, [kind, instance count, where its rows start in ``rows``, where
-    each output's rows start in its buffer]; ``rows``: per step, the rows
-    of each per-instance operand in turn, flat; per buffer, how many rows
-    the steps compute (``computed``) and the inputs that follow them
-    (``input_nodes``, ``input_values``)."""
+    each output's rows start in its buffer] (an int32 array); ``rows``: per
+    step, the rows of each per-instance operand in turn, flat; per buffer,
+    how many rows the steps compute (``computed``) and the inputs that
+    follow them (``input_nodes``, ``input_values``).  ``places``: each
+    node's place, as ``_native.fill`` gives it (see ``location``)."""
 
     def __init__(self, kinds, buffers):
         self.kinds = kinds
         self.buffers = buffers
         self.key = (tuple(buffers), tuple(kind.key() for kind in kinds))
-        self.steps = []
-        self.rows = []
         self.computed = [0] * len(buffers)
-        self.input_values = [[] for _ in buffers]   # Python values, stacked first
-        self.input_nodes = [[] for _ in buffers]    # then earlier evaluations' nodes
-        self.locations = None
+        self.steps = self.rows = self.places = None
+        self.input_values = self.input_nodes = None
 
     def location(self, index):
-        """(buffer, row) of graph node ``index``'s result (a list of them for
-        a multi-output node); None for a node no step ran."""
-        return self.locations[index]
+        """(buffer, row) of graph node ``index``'s result (a list of them,
+        None for an output not kept, for a multi-output node); None for a
+        node no step ran."""
+        where, outputs, slots = (np.frombuffer(part, np.int32) for part in self.places)
+        slot, count = int(where[index]), int(outputs[index])
+        if slot < 0:
+            return None
+        places = [None if slots[2 * n] < 0 else (int(slots[2 * n]), int(slots[2 * n + 1]))
+                  for n in range(slot, slot + max(count, 1))]
+        return places if count >= 0 else places[0]
 
 
 def plan(graph, batches, required=()):
@@ -135,7 +141,7 @@ def outline(graph, batches, required=(), max_kinds=None):
         for buffer in kinds[kind_of_type[graph.type_of[batch[0]]]].outputs:
             if buffer is not None:
                 program.computed[buffer] += len(batch)
-    program.fill = lambda: _Filler(graph, program, kind_of_type).fill(batches)
+    program.fill = lambda: _fill(graph, program, kind_of_type, batches)
     return program
 
 
@@ -143,27 +149,33 @@ def _read_outputs(graph, required):
     """(node type, output number) of every output some node needs: read by
     a node of the graph, asked for by the caller, or a result nothing else
     consumes (what the user holds).  The gates a Tree-LSTM pattern splits
-    off and uses inside itself are none of these."""
+    off and uses inside itself are none of these.  (In C: a loop over
+    every node and operand.)"""
     required = {node.id for node in required if type(node) is VirtualNode}
-    type_of, duplicate_of, operands = graph.type_of, graph.duplicate_of, graph.operands
-    read = set()
-    for index, node_type in enumerate(type_of):
-        if node_type >= 0:   # (a duplicate reads what its original reads)
-            for operand in operands[index]:
-                # (An operand's index is its original's already.)
-                if type(operand) is NodeOperand and operand.index >= 0:
-                    read.add((type_of[operand.index], operand.pick or 0))
-    for index, node in enumerate(graph.nodes):
-        if node.consumers == 0 or node.id in required:
-            if node.row is ACCESS:
-                source = operands[index][0].index
-                if source >= 0:
-                    read.add((type_of[duplicate_of[source]], node.attrs[0]))
-            else:
-                source = duplicate_of[index]
-                read.update((type_of[source], number)
-                            for number in range(len(_output_specs(node))))
-    return read
+    return _native.read_outputs(graph.nodes, graph.type_of, graph.duplicate_of,
+                                graph.operands, len(graph.signatures), required,
+                                NodeOperand, ACCESS)
+
+
+def _fill(graph, program, kind_of_type, batches):
+    """The program's steps and rows, its inputs, and every node's place
+    (in C: loops over every node and operand).  A duplicate shares its
+    original's place, an access node its multi-output node's output's;
+    inputs' rows follow the computed ones, Python values then nodes."""
+    kinds = [(tuple((position, buffer) for position, (operand_kind, buffer)
+                    in enumerate(kind.operands) if operand_kind == ROWS),
+              tuple(kind.outputs), kind.row.multi_output)
+             for kind in program.kinds]
+    type_kinds = [-1] * len(graph.signatures)
+    for node_type, kind_number in kind_of_type.items():
+        type_kinds[node_type] = kind_number
+    (steps, rows, program.input_values, program.input_nodes, where, outputs, slots,
+     width) = _native.fill(batches, graph.nodes, graph.type_of, graph.duplicate_of,
+                           graph.operands, len(graph.signatures), type_kinds, kinds,
+                           program.computed, NodeOperand, ACCESS)
+    program.steps = np.frombuffer(steps, np.int32).reshape(-1, width)
+    program.rows = np.frombuffer(rows, np.int32)
+    program.places = (where, outputs, slots)
 
 
 def _output_specs(node):
@@ -177,86 +189,3 @@ def _buffer_spec(spec):
     if spec.python_type is not None:
         return tf.as_dtype(NUMPY_OF_PYTHON[spec.python_type]), spec.shape
     return spec.dtype, spec.shape
-
-
-class _Filler:
-    """Steps' arrays, inputs and every node's place."""
-
-    def __init__(self, graph, program, kind_of_type):
-        self.graph, self.program, self.kind_of_type = graph, program, kind_of_type
-        self.filled = [0] * len(program.buffers)   # computed rows placed so far
-        self.input_row = {}   # id of an earlier evaluation's node -> its row
-        # Per graph index: (buffer, row) of its result, a list of them (None
-        # for an output not kept) for a multi-output node, or None.
-        self.locations = [None] * len(graph)
-
-    def fill(self, batches):
-        graph, program = self.graph, self.program
-        outputs_width = max(len(kind.outputs) for kind in program.kinds)
-        for batch in batches:
-            kind_number = self.kind_of_type[graph.type_of[batch[0]]]
-            kind = program.kinds[kind_number]
-            step = [kind_number, len(batch), len(program.rows)]
-            for position, (operand_kind, buffer) in enumerate(kind.operands):
-                if operand_kind == ROWS:
-                    program.rows.extend(self._rows(batch, position, buffer))
-            output_starts = [0] * outputs_width
-            multi_output = kind.row.multi_output
-            for number, buffer in enumerate(kind.outputs):
-                if buffer is not None:
-                    output_starts[number] = self.filled[buffer]
-                    self.filled[buffer] += len(batch)
-            for offset, index in enumerate(batch):
-                places = [None if buffer is None else
-                          (buffer, output_starts[number] + offset)
-                          for number, buffer in enumerate(kind.outputs)]
-                self.locations[index] = places if multi_output else places[0]
-            program.steps.append(step + output_starts)
-        self._locate_the_rest()
-        program.locations = self.locations
-
-    def _rows(self, batch, position, buffer):
-        """The row of each instance's operand at ``position`` in ``buffer``;
-        an input's as ("value" or "node", buffer, its number among them),
-        made a row once all inputs are known (``_locate_the_rest``)."""
-        all_operands, program = self.graph.operands, self.program
-        rows = []
-        for index in batch:
-            operand = all_operands[index][position]
-            if not isinstance(operand, NodeOperand):   # a Python list or array
-                rows.append(("value", buffer, len(program.input_values[buffer])))
-                program.input_values[buffer].append(operand)
-            elif operand.index >= 0:
-                location = self.locations[operand.index]
-                rows.append((location if operand.pick is None
-                             else location[operand.pick])[1])
-            else:                                      # evaluated earlier
-                number = self.input_row.get(id(operand.node))
-                if number is None:
-                    number = self.input_row[id(operand.node)] = len(
-                        program.input_nodes[buffer])
-                    program.input_nodes[buffer].append(operand.node)
-                rows.append(("node", buffer, number))
-        return rows
-
-    def _locate_the_rest(self):
-        """Duplicates share their canonical node's place; an access node has
-        its multi-output node's output's; inputs get their final rows."""
-        graph, locations, program = self.graph, self.locations, self.program
-        for index, node in enumerate(graph.nodes):
-            if locations[index] is not None:
-                continue
-            if node.row is ACCESS:
-                source = graph.operands[index][0].index
-                if source >= 0 and locations[graph.duplicate_of[source]] is not None:
-                    locations[index] = locations[graph.duplicate_of[source]][
-                        node.attrs[0]]
-            else:
-                locations[index] = locations[graph.duplicate_of[index]]
-        # Input rows: after the computed rows, Python values then nodes.
-        for place, row in enumerate(program.rows):
-            if type(row) is tuple:
-                what, buffer, number = row
-                if what == "node":
-                    number += len(program.input_values[buffer])
-                program.rows[place] = program.computed[buffer] + number

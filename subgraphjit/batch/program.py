@@ -30,9 +30,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from .. import _native
 from ..patch import spec as specs
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
+from .graph import NodeOperand
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
@@ -419,8 +421,7 @@ class _Compiled:
         gradient to the user passes through that op: rows of nodes
         evaluated earlier (in trainable buffers), shared tensors and the
         variables."""
-        arrays = [tf.constant(np.array(program.steps, np.int32)),
-                  tf.constant(np.array(program.rows, np.int32)),
+        arrays = [tf.constant(program.steps), tf.constant(program.rows),
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
         carried = [b for b in self.trainable if program.input_nodes[b]]
@@ -547,37 +548,26 @@ def _each_instance(kind, values, flags, count):
 
 def run(program, compiled, graph, statistics, swallowed):
     """Run ``program`` with its compiled form and leave each node's value as
-    its row of a buffer.  A node whose output is not kept joins
-    ``swallowed`` (like a node inside a pattern: left unevaluated, with its
-    inputs, and computed only if someone asks)."""
+    its row of a buffer (``_native.write_back``: a loop over every node).
+    A node with an output not kept joins ``swallowed`` (like a node inside
+    a pattern: left unevaluated, with its inputs, and computed only if
+    someone asks; a multi-output node's kept outputs' access nodes have
+    rows of their own)."""
     outputs = compiled(program)
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
-    for kind_number, count, *_ in program.steps:
-        statistics["batches"] += 1
-        statistics["batch_sizes"][count] += 1
-        row = program.kinds[kind_number].row
-        if row.family != "pattern" and rule_for(row) is None and count > 1:
-            statistics["unbatched"][f"{row.name}: no batch rule"] += count
-    for index, node in enumerate(graph.nodes):
-        location = program.location(index)
-        if isinstance(location, list):   # a multi-output node
-            if None in location:
-                # An output not kept (its kept outputs' access nodes have
-                # rows of their own).
-                swallowed.add(node.id)
-                continue
-            node.batch = [outputs[buffer] for buffer, _ in location]
-            node.batch_row = tuple(row for _, row in location)
-        elif location is not None:
-            node.batch, node.batch_row = outputs[location[0]], location[1]
-        elif node.row is not ACCESS or graph.operands[index][0].index >= 0:
-            swallowed.add(node.id)   # not kept, as above
-            continue
-        node.inputs = ()
-        node.site = None
-        if node.consumers == 0 and node.batch is not None:
-            # A node nothing reads, such as the loss, is what the user
-            # differentiates, often after the tape has stopped recording:
-            # its row is taken now, while the tape sees the op.
-            node.value()
+    statistics["batches"] += len(program.steps)
+    kinds, counts = program.steps[:, 0], program.steps[:, 1]
+    statistics["batch_sizes"].update(counts.tolist())
+    for kind_number, kind in enumerate(program.kinds):
+        if kind.row.family != "pattern" and rule_for(kind.row) is None:
+            unbatched = int(counts[(kinds == kind_number) & (counts > 1)].sum())
+            if unbatched:
+                statistics["unbatched"][f"{kind.row.name}: no batch rule"] += unbatched
+    results = _native.write_back(graph.nodes, graph.operands, *program.places,
+                                 list(outputs), swallowed, NodeOperand, ACCESS)
+    # A node nothing reads, such as the loss, is what the user
+    # differentiates, often after the tape has stopped recording: its row
+    # is taken now, while the tape sees the op.
+    for node in results:
+        node.value()

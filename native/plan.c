@@ -1,0 +1,915 @@
+/* A program's bookkeeping over every node (batch/plan.py) and the write-back
+ * of its results (batch/program.py), in C: these are loops over all the
+ * nodes of an evaluation, which in Python cost more than the compiled
+ * program's own forward at a batch of 256 trees.
+ *
+ * Everything here reads a BatchGraph's lists (type_of, duplicate_of,
+ * operands) and the nodes; indices are checked, so bad input raises rather
+ * than reading out of bounds.  Arrays go back to Python as bytes of native
+ * int32 (read with numpy.frombuffer). */
+
+#include "containers.h"
+
+static PyObject *str_index, *str_pick;
+
+/* -- reading Python values -------------------------------------------------- */
+
+/* An int in [low, high), else an error naming ``what``. */
+static int
+int_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
+       Py_ssize_t *out)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_ssize_t number = PyLong_AsSsize_t(value);
+    if (number == -1 && PyErr_Occurred())
+        return -1;
+    if (number < low || number >= high) {
+        PyErr_Format(PyExc_ValueError, "%s is %zd, not in [%zd, %zd)", what,
+                     number, low, high);
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
+/* A list of ints, each in [low, high), as a new C array of ``count``. */
+static Py_ssize_t *
+int_array(PyObject *list, Py_ssize_t count, Py_ssize_t low, Py_ssize_t high,
+          const char *what)
+{
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
+        PyErr_Format(PyExc_ValueError, "%s must be a list of %zd ints", what, count);
+        return NULL;
+    }
+    Py_ssize_t *items = PyMem_New(Py_ssize_t, count + 1);
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (int_in(PyList_GET_ITEM(list, i), low, high, what, &items[i]) < 0) {
+            PyMem_Free(items);
+            return NULL;
+        }
+    }
+    return items;
+}
+
+/* Operand ``position`` of node ``index``: operands[index][position]. */
+static PyObject *
+operand_at(PyObject *operands, Py_ssize_t index, Py_ssize_t position)
+{
+    PyObject *row = PyList_GET_ITEM(operands, index);
+    if (!PyList_Check(row) || position >= PyList_GET_SIZE(row)) {
+        PyErr_Format(PyExc_ValueError, "node %zd has no operand %zd", index, position);
+        return NULL;
+    }
+    return PyList_GET_ITEM(row, position);
+}
+
+/* A NodeOperand's graph index (-1: evaluated earlier) and pick (-1: the
+ * whole node). */
+static int
+node_operand_fields(PyObject *operand, Py_ssize_t count, Py_ssize_t *index,
+                    Py_ssize_t *pick)
+{
+    PyObject *value = PyObject_GetAttr(operand, str_index);
+    if (value == NULL)
+        return -1;
+    int status = int_in(value, -1, count, "a NodeOperand's index", index);
+    Py_DECREF(value);
+    if (status < 0)
+        return -1;
+    value = PyObject_GetAttr(operand, str_pick);
+    if (value == NULL)
+        return -1;
+    *pick = -1;
+    if (value != Py_None)
+        status = int_in(value, 0, PY_SSIZE_T_MAX, "a NodeOperand's pick", pick);
+    Py_DECREF(value);
+    return status;
+}
+
+/* How many outputs a node has: a multi-output node's spec is a tuple of
+ * specs (-1 for a single output, so that one output of a split into one
+ * stays a list). */
+static Py_ssize_t
+outputs_of(Node *node)
+{
+    return node->spec != NULL && PyTuple_Check(node->spec)
+        ? PyTuple_GET_SIZE(node->spec) : -1;
+}
+
+/* An access node's output number (attrs[0]). */
+static int
+access_number(Node *node, Py_ssize_t *number)
+{
+    if (node->attrs == NULL || !PyTuple_Check(node->attrs)
+            || PyTuple_GET_SIZE(node->attrs) < 1) {
+        PyErr_SetString(PyExc_ValueError, "a malformed access node");
+        return -1;
+    }
+    return int_in(PyTuple_GET_ITEM(node->attrs, 0), 0, PY_SSIZE_T_MAX,
+                  "an access node's output", number);
+}
+
+/* The graph's lists, checked: nodes are VirtualNodes, type_of and
+ * duplicate_of ints in range, operands a list per node. */
+typedef struct {
+    PyObject *nodes, *operands, *node_operand, *access_row;
+    Py_ssize_t count, type_count;
+    Py_ssize_t *type_of, *duplicate_of;
+} Graph;
+
+static void
+graph_free(Graph *graph)
+{
+    PyMem_Free(graph->type_of);
+    PyMem_Free(graph->duplicate_of);
+}
+
+static int
+graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
+           PyObject *duplicate_of, PyObject *operands, Py_ssize_t type_count,
+           PyObject *node_operand, PyObject *access_row)
+{
+    memset(graph, 0, sizeof(*graph));
+    if (!PyList_Check(nodes) || !PyList_Check(operands)
+            || PyList_GET_SIZE(operands) != PyList_GET_SIZE(nodes)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "nodes and operands must be lists of one length");
+        return -1;
+    }
+    if (!PyType_Check(node_operand)) {
+        PyErr_SetString(PyExc_TypeError, "node_operand must be a type");
+        return -1;
+    }
+    graph->count = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < graph->count; i++) {
+        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), node_type)) {
+            PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
+            return -1;
+        }
+    }
+    graph->nodes = nodes;
+    graph->operands = operands;
+    graph->node_operand = node_operand;
+    graph->access_row = access_row;
+    graph->type_count = type_count;
+    graph->type_of = int_array(type_of, graph->count, -1, type_count, "type_of");
+    if (graph->type_of == NULL)
+        return -1;
+    graph->duplicate_of = int_array(duplicate_of, graph->count, 0, graph->count,
+                                    "duplicate_of");
+    if (graph->duplicate_of == NULL) {
+        graph_free(graph);
+        return -1;
+    }
+    return 0;
+}
+
+static Node *
+graph_node(Graph *graph, Py_ssize_t index)
+{
+    return (Node *)PyList_GET_ITEM(graph->nodes, index);
+}
+
+static int
+is_node_operand(Graph *graph, PyObject *operand)
+{
+    return PyObject_TypeCheck(operand, (PyTypeObject *)graph->node_operand);
+}
+
+/* The graph index of an access node's source (-1: evaluated earlier). */
+static int
+access_source(Graph *graph, Py_ssize_t index, Py_ssize_t *source)
+{
+    PyObject *operand = operand_at(graph->operands, index, 0);
+    Py_ssize_t pick;
+    if (operand == NULL)
+        return -1;
+    if (!is_node_operand(graph, operand)) {
+        PyErr_Format(PyExc_TypeError, "access node %zd reads no node", index);
+        return -1;
+    }
+    return node_operand_fields(operand, graph->count, source, &pick);
+}
+
+static PyObject *
+int32_bytes(const int *items, Py_ssize_t count)
+{
+    return PyBytes_FromStringAndSize((const char *)items, count * (Py_ssize_t)sizeof(int));
+}
+
+static int
+as_int32(Py_ssize_t value, int *out)
+{
+    if (value > 2147483647 || value < -2147483647) {
+        PyErr_SetString(PyExc_OverflowError, "a program's index exceeds int32");
+        return -1;
+    }
+    *out = (int)value;
+    return 0;
+}
+
+/* -- which outputs some node reads ------------------------------------------ */
+
+PyDoc_STRVAR(read_outputs_doc,
+"read_outputs(nodes, type_of, duplicate_of, operands, type_count,\n"
+"             required_ids, node_operand, access_row)\n--\n\n"
+"The set of (node type, output number) that some node needs: read by a\n"
+"node of the graph, or of a node nothing consumes or whose id is in\n"
+"``required_ids`` (see plan.py's outline).");
+
+static PyObject *
+read_outputs(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *type_of, *duplicate_of, *operands, *required, *node_operand,
+             *access_row;
+    Py_ssize_t type_count;
+    if (!PyArg_ParseTuple(args, "OOOOnO!OO:read_outputs", &nodes, &type_of,
+                          &duplicate_of, &operands, &type_count, &PySet_Type,
+                          &required, &node_operand, &access_row))
+        return NULL;
+    if (type_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
+        return NULL;
+    }
+    Graph graph;
+    if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
+                   node_operand, access_row) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    /* Per type, its output count (from a node of it) and the offset of its
+     * flags in ``read``. */
+    Py_ssize_t *outputs = PyMem_New(Py_ssize_t, type_count + 1);
+    Py_ssize_t *offset = PyMem_New(Py_ssize_t, type_count + 2);
+    unsigned char *read = NULL;
+    if (outputs == NULL || offset == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < type_count; t++)
+        outputs[t] = 0;
+    for (Py_ssize_t i = 0; i < graph.count; i++) {
+        Py_ssize_t t = graph.type_of[i];
+        if (t >= 0 && outputs[t] == 0) {
+            Py_ssize_t count = outputs_of(graph_node(&graph, i));
+            outputs[t] = count < 0 ? 1 : count;
+        }
+    }
+    offset[0] = 0;
+    for (Py_ssize_t t = 0; t < type_count; t++)
+        offset[t + 1] = offset[t] + outputs[t];
+    read = PyMem_Calloc(offset[type_count] + 1, 1);
+    if (read == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+#define MARK(type, number)                                                   \
+    do {                                                                     \
+        Py_ssize_t t_ = (type), n_ = (number);                               \
+        if (t_ >= 0) {                                                       \
+            if (n_ >= outputs[t_]) {                                         \
+                PyErr_Format(PyExc_ValueError,                               \
+                             "output %zd of a type with %zd outputs read",   \
+                             n_, outputs[t_]);                               \
+                goto done;                                                   \
+            }                                                                \
+            read[offset[t_] + n_] = 1;                                       \
+        }                                                                    \
+    } while (0)
+    for (Py_ssize_t i = 0; i < graph.count; i++) {
+        if (graph.type_of[i] < 0)
+            continue;   /* a duplicate reads what its original reads */
+        PyObject *row = PyList_GET_ITEM(graph.operands, i);
+        if (!PyList_Check(row)) {
+            PyErr_Format(PyExc_TypeError, "operands[%zd] is not a list", i);
+            goto done;
+        }
+        for (Py_ssize_t p = 0; p < PyList_GET_SIZE(row); p++) {
+            PyObject *operand = PyList_GET_ITEM(row, p);
+            Py_ssize_t index, pick;
+            if (!is_node_operand(&graph, operand))
+                continue;
+            if (node_operand_fields(operand, graph.count, &index, &pick) < 0)
+                goto done;
+            if (index >= 0)
+                MARK(graph.type_of[index], pick < 0 ? 0 : pick);
+        }
+    }
+    Py_ssize_t required_count = PySet_GET_SIZE(required);
+    for (Py_ssize_t i = 0; i < graph.count; i++) {
+        Node *node = graph_node(&graph, i);
+        int wanted = node->consumers == 0;
+        if (!wanted && required_count) {
+            PyObject *id = PyLong_FromLongLong(node->id);
+            wanted = id == NULL ? -1 : PySet_Contains(required, id);
+            Py_XDECREF(id);
+            if (wanted < 0)
+                goto done;
+        }
+        if (!wanted)
+            continue;
+        if (node->row == graph.access_row) {
+            Py_ssize_t source, number;
+            if (access_source(&graph, i, &source) < 0 || access_number(node, &number) < 0)
+                goto done;
+            if (source >= 0)
+                MARK(graph.type_of[graph.duplicate_of[source]], number);
+        }
+        else {
+            Py_ssize_t t = graph.type_of[graph.duplicate_of[i]];
+            if (t >= 0)
+                for (Py_ssize_t n = 0; n < outputs[t]; n++)
+                    MARK(t, n);
+        }
+    }
+#undef MARK
+    result = PySet_New(NULL);
+    if (result == NULL)
+        goto done;
+    for (Py_ssize_t t = 0; t < type_count; t++) {
+        for (Py_ssize_t n = 0; n < outputs[t]; n++) {
+            if (!read[offset[t] + n])
+                continue;
+            PyObject *pair = Py_BuildValue("(nn)", t, n);
+            if (pair == NULL || PySet_Add(result, pair) < 0) {
+                Py_XDECREF(pair);
+                Py_CLEAR(result);
+                goto done;
+            }
+            Py_DECREF(pair);
+        }
+    }
+done:
+    PyMem_Free(outputs);
+    PyMem_Free(offset);
+    PyMem_Free(read);
+    graph_free(&graph);
+    return result;
+}
+
+/* -- the step table ---------------------------------------------------------- */
+
+/* A growable int array. */
+typedef struct {
+    int *items;
+    Py_ssize_t size, capacity;
+} Ints;
+
+static int
+ints_push(Ints *array, Py_ssize_t value)
+{
+    int item;
+    if (as_int32(value, &item) < 0)
+        return -1;
+    if (array->size == array->capacity) {
+        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 256;
+        int *items = PyMem_Realloc(array->items, capacity * sizeof(int));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        array->items = items;
+        array->capacity = capacity;
+    }
+    array->items[array->size++] = item;
+    return 0;
+}
+
+/* A kind as fill reads it: the (position, buffer) of each per-instance
+ * operand and the buffer of each output (-1: not kept). */
+typedef struct {
+    Py_ssize_t operand_count, output_count;
+    Py_ssize_t *positions, *operand_buffers, *output_buffers;
+    int multi_output;
+} KindInfo;
+
+static void
+kinds_free(KindInfo *kinds, Py_ssize_t count)
+{
+    if (kinds == NULL)
+        return;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyMem_Free(kinds[k].positions);
+        PyMem_Free(kinds[k].operand_buffers);
+        PyMem_Free(kinds[k].output_buffers);
+    }
+    PyMem_Free(kinds);
+}
+
+static KindInfo *
+kinds_read(PyObject *list, Py_ssize_t buffer_count, Py_ssize_t *count)
+{
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "kinds must be a list");
+        return NULL;
+    }
+    *count = PyList_GET_SIZE(list);
+    KindInfo *kinds = PyMem_Calloc(*count + 1, sizeof(KindInfo));
+    if (kinds == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < *count; k++) {
+        PyObject *rows, *outputs;
+        int multi;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, k), "O!O!p;a kind is "
+                              "(rows, outputs, multi_output)", &PyTuple_Type,
+                              &rows, &PyTuple_Type, &outputs, &multi))
+            goto fail;
+        KindInfo *kind = &kinds[k];
+        kind->multi_output = multi;
+        kind->operand_count = PyTuple_GET_SIZE(rows);
+        kind->output_count = PyTuple_GET_SIZE(outputs);
+        kind->positions = PyMem_New(Py_ssize_t, kind->operand_count + 1);
+        kind->operand_buffers = PyMem_New(Py_ssize_t, kind->operand_count + 1);
+        kind->output_buffers = PyMem_New(Py_ssize_t, kind->output_count + 1);
+        if (kind->positions == NULL || kind->operand_buffers == NULL
+                || kind->output_buffers == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(rows, p), "nn;a kind's rows are "
+                                  "(position, buffer) pairs", &kind->positions[p],
+                                  &kind->operand_buffers[p]))
+                goto fail;
+            if (kind->positions[p] < 0 || kind->operand_buffers[p] < 0
+                    || kind->operand_buffers[p] >= buffer_count) {
+                PyErr_SetString(PyExc_ValueError, "a kind's operand is out of range");
+                goto fail;
+            }
+        }
+        for (Py_ssize_t n = 0; n < kind->output_count; n++) {
+            PyObject *buffer = PyTuple_GET_ITEM(outputs, n);
+            kind->output_buffers[n] = -1;
+            if (buffer != Py_None && int_in(buffer, 0, buffer_count, "an output's buffer",
+                                            &kind->output_buffers[n]) < 0)
+                goto fail;
+        }
+    }
+    return kinds;
+fail:
+    kinds_free(kinds, *count);
+    return NULL;
+}
+
+/* A row not known until every input is: the ``number``-th Python value
+ * (or earlier node) of ``buffer``. */
+typedef struct {
+    Py_ssize_t place, buffer, number;
+    int is_node;
+} Pending;
+
+PyDoc_STRVAR(fill_doc,
+"fill(batches, nodes, type_of, duplicate_of, operands, type_count,\n"
+"     kind_of_type, kinds, computed, node_operand, access_row)\n--\n\n"
+"The program's arrays (see plan.py): returns (steps, rows, input_values,\n"
+"input_nodes, where, outputs, slots).  ``steps`` and ``rows`` are int32\n"
+"bytes (steps: one row of 3 + most outputs per step); per node, ``where``\n"
+"is its first slot (-1: none) and ``outputs`` its number of outputs (-1:\n"
+"a single-output node); ``slots`` holds (buffer, row) pairs, buffer -1\n"
+"for an output not kept.  ``kinds``: per kind, (((position, buffer), ...)\n"
+"of its per-instance operands, (buffer or None per output), multi_output).");
+
+static PyObject *
+fill(PyObject *module, PyObject *args)
+{
+    PyObject *batches, *nodes, *type_of, *duplicate_of, *operands, *kind_of_type,
+             *kind_list, *computed_list, *node_operand, *access_row;
+    Py_ssize_t type_count;
+    if (!PyArg_ParseTuple(args, "O!OOOOnOOO!OO:fill", &PyList_Type, &batches,
+                          &nodes, &type_of, &duplicate_of, &operands, &type_count,
+                          &kind_of_type, &kind_list, &PyList_Type, &computed_list,
+                          &node_operand, &access_row))
+        return NULL;
+    if (type_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
+        return NULL;
+    }
+    Graph graph;
+    if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
+                   node_operand, access_row) < 0)
+        return NULL;
+    Py_ssize_t buffer_count = PyList_GET_SIZE(computed_list), kind_count = 0;
+    Py_ssize_t count = graph.count, width = 3;
+    PyObject *result = NULL, *input_values = NULL, *input_nodes = NULL,
+             *input_number = NULL;
+    Ints steps = {0}, rows = {0}, slots = {0};
+    Pending *pending = NULL;
+    Py_ssize_t pending_count = 0, pending_capacity = 0;
+    int *where = NULL, *outputs = NULL;
+    Py_ssize_t *computed = NULL, *filled = NULL;
+    KindInfo *kinds = NULL;
+    Py_ssize_t *kind_of = int_array(kind_of_type, type_count, -1, PY_SSIZE_T_MAX,
+                                    "kind_of_type");
+    if (kind_of == NULL)
+        goto done;
+    kinds = kinds_read(kind_list, buffer_count, &kind_count);
+    computed = int_array(computed_list, buffer_count, 0, PY_SSIZE_T_MAX, "computed");
+    filled = PyMem_Calloc(buffer_count + 1, sizeof(Py_ssize_t));
+    where = PyMem_New(int, count + 1);
+    outputs = PyMem_New(int, count + 1);
+    input_values = PyList_New(buffer_count);
+    input_nodes = PyList_New(buffer_count);
+    input_number = PyDict_New();   /* earlier node -> its number among inputs */
+    if (kinds == NULL || computed == NULL || input_values == NULL
+            || input_nodes == NULL || input_number == NULL)
+        goto done;
+    if (filled == NULL || where == NULL || outputs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t b = 0; b < buffer_count; b++) {
+        PyObject *values = PyList_New(0), *earlier = PyList_New(0);
+        if (values == NULL || earlier == NULL) {
+            Py_XDECREF(values);
+            Py_XDECREF(earlier);
+            goto done;
+        }
+        PyList_SET_ITEM(input_values, b, values);
+        PyList_SET_ITEM(input_nodes, b, earlier);
+    }
+    for (Py_ssize_t k = 0; k < kind_count; k++)
+        if (width < 3 + kinds[k].output_count)
+            width = 3 + kinds[k].output_count;
+    for (Py_ssize_t i = 0; i < count; i++)
+        where[i] = outputs[i] = -1;
+
+    Py_ssize_t batch_count = PyList_GET_SIZE(batches);
+    for (Py_ssize_t s = 0; s < batch_count; s++) {
+        PyObject *batch = PyList_GET_ITEM(batches, s);
+        if (!PyList_Check(batch) || PyList_GET_SIZE(batch) == 0) {
+            PyErr_SetString(PyExc_ValueError, "a batch must be a non-empty list");
+            goto done;
+        }
+        Py_ssize_t size = PyList_GET_SIZE(batch), first;
+        if (int_in(PyList_GET_ITEM(batch, 0), 0, count, "a batch's node", &first) < 0)
+            goto done;
+        Py_ssize_t node_type = graph.type_of[first];
+        Py_ssize_t kind_number = node_type < 0 ? -1 : kind_of[node_type];
+        if (kind_number < 0 || kind_number >= kind_count) {
+            PyErr_Format(PyExc_ValueError, "node %zd of a batch has no kind", first);
+            goto done;
+        }
+        KindInfo *kind = &kinds[kind_number];
+        if (ints_push(&steps, kind_number) < 0 || ints_push(&steps, size) < 0
+                || ints_push(&steps, rows.size) < 0)
+            goto done;
+        /* Each per-instance operand's rows in turn. */
+        for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
+            Py_ssize_t buffer = kind->operand_buffers[p];
+            for (Py_ssize_t j = 0; j < size; j++) {
+                Py_ssize_t index;
+                if (int_in(PyList_GET_ITEM(batch, j), 0, count, "a batch's node", &index) < 0)
+                    goto done;
+                if (graph.type_of[index] != node_type) {
+                    PyErr_Format(PyExc_ValueError, "batch %zd mixes node types", s);
+                    goto done;
+                }
+                PyObject *operand = operand_at(graph.operands, index, kind->positions[p]);
+                if (operand == NULL)
+                    goto done;
+                Py_ssize_t source, pick, row = 0;
+                int is_pending = 0, is_node = 0;
+                Py_ssize_t number = 0;
+                if (!is_node_operand(&graph, operand)) {   /* a Python list or array */
+                    PyObject *values = PyList_GET_ITEM(input_values, buffer);
+                    number = PyList_GET_SIZE(values);
+                    if (PyList_Append(values, operand) < 0)
+                        goto done;
+                    is_pending = 1;
+                }
+                else {
+                    if (node_operand_fields(operand, count, &source, &pick) < 0)
+                        goto done;
+                    if (source >= 0) {
+                        Py_ssize_t slot = where[source];
+                        if (slot >= 0 && pick >= 0) {
+                            if (pick >= (outputs[source] < 0 ? 1 : outputs[source])) {
+                                PyErr_SetString(PyExc_ValueError, "an operand picks "
+                                                "an output its node lacks");
+                                goto done;
+                            }
+                            slot += pick;
+                        }
+                        if (slot < 0 || slots.items[2 * slot] < 0) {
+                            PyErr_Format(PyExc_ValueError, "node %zd reads node %zd "
+                                         "before a step computes it", index, source);
+                            goto done;
+                        }
+                        row = slots.items[2 * slot + 1];
+                    }
+                    else {   /* evaluated earlier: an input */
+                        PyObject *earlier = PyObject_GetAttrString(operand, "node");
+                        if (earlier == NULL)
+                            goto done;
+                        PyObject *known = PyDict_GetItemWithError(input_number, earlier);
+                        if (known != NULL) {
+                            number = PyLong_AsSsize_t(known);
+                        }
+                        else if (!PyErr_Occurred()) {
+                            PyObject *list = PyList_GET_ITEM(input_nodes, buffer);
+                            number = PyList_GET_SIZE(list);
+                            PyObject *value = PyLong_FromSsize_t(number);
+                            if (value == NULL || PyDict_SetItem(input_number, earlier, value) < 0
+                                    || PyList_Append(list, earlier) < 0) {
+                                Py_XDECREF(value);
+                                Py_DECREF(earlier);
+                                goto done;
+                            }
+                            Py_DECREF(value);
+                        }
+                        Py_DECREF(earlier);
+                        if (PyErr_Occurred())
+                            goto done;
+                        is_pending = is_node = 1;
+                    }
+                }
+                if (is_pending) {
+                    if (pending_count == pending_capacity) {
+                        Py_ssize_t capacity = pending_capacity ? 2 * pending_capacity : 64;
+                        Pending *grown = PyMem_Realloc(pending, capacity * sizeof(Pending));
+                        if (grown == NULL) {
+                            PyErr_NoMemory();
+                            goto done;
+                        }
+                        pending = grown;
+                        pending_capacity = capacity;
+                    }
+                    pending[pending_count++] = (Pending){rows.size, buffer, number, is_node};
+                }
+                if (ints_push(&rows, row) < 0)
+                    goto done;
+            }
+        }
+        /* Each output's rows are the next ones of its buffer. */
+        Py_ssize_t starts = steps.size;
+        for (Py_ssize_t n = 3; n < width; n++)
+            if (ints_push(&steps, 0) < 0)
+                goto done;
+        for (Py_ssize_t n = 0; n < kind->output_count; n++) {
+            Py_ssize_t buffer = kind->output_buffers[n];
+            if (buffer < 0)
+                continue;
+            if (as_int32(filled[buffer], &steps.items[starts + n]) < 0)
+                goto done;
+            filled[buffer] += size;
+        }
+        for (Py_ssize_t j = 0; j < size; j++) {
+            Py_ssize_t index = PyLong_AsSsize_t(PyList_GET_ITEM(batch, j));
+            if (index < 0 || index >= count) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "a batch's node is out of range");
+                goto done;
+            }
+            if (where[index] >= 0) {
+                PyErr_Format(PyExc_ValueError, "node %zd is in two batches", index);
+                goto done;
+            }
+            if (as_int32(slots.size / 2, &where[index]) < 0)
+                goto done;
+            outputs[index] = kind->multi_output ? (int)kind->output_count : -1;
+            for (Py_ssize_t n = 0; n < kind->output_count; n++) {
+                Py_ssize_t buffer = kind->output_buffers[n];
+                if (ints_push(&slots, buffer) < 0
+                        || ints_push(&slots, buffer < 0 ? 0
+                                     : steps.items[starts + n] + j) < 0)
+                    goto done;
+            }
+        }
+    }
+    for (Py_ssize_t b = 0; b < buffer_count; b++) {
+        if (filled[b] != computed[b]) {
+            PyErr_Format(PyExc_ValueError, "buffer %zd: the steps compute %zd rows, "
+                         "not %zd", b, filled[b], computed[b]);
+            goto done;
+        }
+    }
+    /* Duplicates share their original's place; an access node has its
+     * multi-output node's output's. */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (where[i] >= 0)
+            continue;
+        Node *node = graph_node(&graph, i);
+        if (node->row == graph.access_row) {
+            Py_ssize_t source, number;
+            if (access_source(&graph, i, &source) < 0 || access_number(node, &number) < 0)
+                goto done;
+            if (source < 0)
+                continue;
+            Py_ssize_t original = graph.duplicate_of[source];
+            if (where[original] < 0)
+                continue;
+            if (number >= (outputs[original] < 0 ? 1 : outputs[original])) {
+                PyErr_SetString(PyExc_ValueError, "an access node picks an output "
+                                "its node lacks");
+                goto done;
+            }
+            where[i] = where[original] + (int)number;
+            outputs[i] = -1;
+        }
+        else {
+            where[i] = where[graph.duplicate_of[i]];
+            outputs[i] = outputs[graph.duplicate_of[i]];
+        }
+    }
+    /* Input rows: after the computed rows, Python values, then nodes. */
+    for (Py_ssize_t k = 0; k < pending_count; k++) {
+        Pending *entry = &pending[k];
+        Py_ssize_t row = computed[entry->buffer] + entry->number;
+        if (entry->is_node)
+            row += PyList_GET_SIZE(PyList_GET_ITEM(input_values, entry->buffer));
+        if (as_int32(row, &rows.items[entry->place]) < 0)
+            goto done;
+    }
+    PyObject *parts[] = {
+        int32_bytes(steps.items, steps.size), int32_bytes(rows.items, rows.size),
+        int32_bytes(where, count), int32_bytes(outputs, count),
+        int32_bytes(slots.items, slots.size), PyLong_FromSsize_t(width)};
+    if (parts[0] && parts[1] && parts[2] && parts[3] && parts[4] && parts[5])
+        result = Py_BuildValue("(OOOOOOOO)", parts[0], parts[1], input_values,
+                               input_nodes, parts[2], parts[3], parts[4], parts[5]);
+    for (int p = 0; p < 6; p++)
+        Py_XDECREF(parts[p]);
+done:
+    Py_XDECREF(input_values);
+    Py_XDECREF(input_nodes);
+    Py_XDECREF(input_number);
+    PyMem_Free(steps.items);
+    PyMem_Free(rows.items);
+    PyMem_Free(slots.items);
+    PyMem_Free(pending);
+    PyMem_Free(where);
+    PyMem_Free(outputs);
+    PyMem_Free(computed);
+    PyMem_Free(filled);
+    PyMem_Free(kind_of);
+    kinds_free(kinds, kind_count);
+    graph_free(&graph);
+    return result;
+}
+
+/* -- the write-back ---------------------------------------------------------- */
+
+/* bytes of int32, checked to hold ``count`` of them. */
+static const int *
+int32_view(PyObject *bytes, Py_ssize_t count, const char *what)
+{
+    if (!PyBytes_Check(bytes)
+            || PyBytes_GET_SIZE(bytes) != count * (Py_ssize_t)sizeof(int)) {
+        PyErr_Format(PyExc_ValueError, "%s must be bytes of %zd int32", what, count);
+        return NULL;
+    }
+    return (const int *)PyBytes_AS_STRING(bytes);
+}
+
+PyDoc_STRVAR(write_back_doc,
+"write_back(nodes, operands, where, outputs, slots, buffers, swallowed,\n"
+"           node_operand, access_row)\n--\n\n"
+"Leave each node's value as its row of the program's ``buffers`` (fill's\n"
+"arrays say where) and drop its operands; a node with an output not kept\n"
+"stays unevaluated, and its id joins the set ``swallowed``.  Returns the\n"
+"nodes nothing consumes that were given a row, whose values the caller\n"
+"takes at once.");
+
+static PyObject *
+write_back(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
+             *swallowed, *node_operand, *access_row;
+    if (!PyArg_ParseTuple(args, "O!O!SSSO!O!OO:write_back", &PyList_Type, &nodes,
+                          &PyList_Type, &operands, &where_bytes, &outputs_bytes,
+                          &slots_bytes, &PyList_Type, &buffers, &PySet_Type,
+                          &swallowed, &node_operand, &access_row))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(nodes);
+    Py_ssize_t slot_count = PyBytes_GET_SIZE(slots_bytes) / (2 * (Py_ssize_t)sizeof(int));
+    Py_ssize_t buffer_count = PyList_GET_SIZE(buffers);
+    const int *where = int32_view(where_bytes, count, "where");
+    const int *outputs = where == NULL ? NULL : int32_view(outputs_bytes, count, "outputs");
+    const int *slots = outputs == NULL ? NULL
+        : int32_view(slots_bytes, 2 * slot_count, "slots");
+    if (slots == NULL)
+        return NULL;
+    if (PyList_GET_SIZE(operands) != count || !PyType_Check(node_operand)) {
+        PyErr_SetString(PyExc_ValueError, "write_back: operands must match nodes");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t used = outputs[i] < 0 ? 1 : outputs[i];
+        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), node_type)) {
+            PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
+            return NULL;
+        }
+        if (where[i] >= 0 && where[i] + used > slot_count) {
+            PyErr_SetString(PyExc_ValueError, "write_back: a slot is out of range");
+            return NULL;
+        }
+        for (Py_ssize_t n = 0; where[i] >= 0 && n < used; n++) {
+            if (slots[2 * (where[i] + n)] >= buffer_count) {
+                PyErr_SetString(PyExc_ValueError, "write_back: a buffer is out of range");
+                return NULL;
+            }
+        }
+    }
+    Graph graph = {.nodes = nodes, .operands = operands, .node_operand = node_operand,
+                   .access_row = access_row, .count = count};
+    PyObject *results = PyList_New(0);
+    if (results == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Node *node = graph_node(&graph, i);
+        PyObject *batch = NULL, *batch_row = NULL;
+        if (where[i] >= 0 && outputs[i] >= 0) {   /* a multi-output node */
+            const int *slot = &slots[2 * where[i]];
+            int kept = 1;
+            for (Py_ssize_t n = 0; n < outputs[i]; n++)
+                kept &= slot[2 * n] >= 0;
+            if (!kept)
+                goto swallow;   /* stays unevaluated, with its inputs */
+            batch = PyList_New(outputs[i]);
+            batch_row = PyTuple_New(outputs[i]);
+            if (batch == NULL || batch_row == NULL)
+                goto fail_node;
+            for (Py_ssize_t n = 0; n < outputs[i]; n++) {
+                PyObject *row = PyLong_FromLong(slot[2 * n + 1]);
+                if (row == NULL)
+                    goto fail_node;
+                PyList_SET_ITEM(batch, n, Py_NewRef(PyList_GET_ITEM(buffers, slot[2 * n])));
+                PyTuple_SET_ITEM(batch_row, n, row);
+            }
+        }
+        else if (where[i] >= 0 && slots[2 * where[i]] >= 0) {
+            batch = Py_NewRef(PyList_GET_ITEM(buffers, slots[2 * where[i]]));
+            batch_row = PyLong_FromLong(slots[2 * where[i] + 1]);
+            if (batch_row == NULL)
+                goto fail_node;
+        }
+        else if (node->row != access_row) {
+            goto swallow;   /* not kept */
+        }
+        else {
+            /* An access node of an op evaluated earlier: describe_graph
+             * gave it its value; an access node of an output not kept
+             * stays unevaluated. */
+            Py_ssize_t source;
+            if (access_source(&graph, i, &source) < 0)
+                goto fail;
+            if (source >= 0)
+                goto swallow;
+        }
+        if (batch != NULL) {
+            Py_XSETREF(node->batch, batch);
+            Py_XSETREF(node->batch_row, batch_row);
+        }
+        Py_XSETREF(node->inputs, PyTuple_New(0));
+        Py_XSETREF(node->site, Py_NewRef(Py_None));
+        if (node->inputs == NULL)
+            goto fail;
+        if (node->consumers == 0 && node->batch != Py_None
+                && PyList_Append(results, (PyObject *)node) < 0)
+            goto fail;
+        continue;
+swallow:
+        {
+            PyObject *id = PyLong_FromLongLong(node->id);
+            int added = id == NULL ? -1 : PySet_Add(swallowed, id);
+            Py_XDECREF(id);
+            if (added < 0)
+                goto fail;
+        }
+        continue;
+fail_node:
+        Py_XDECREF(batch);
+        Py_XDECREF(batch_row);
+        goto fail;
+    }
+    return results;
+fail:
+    Py_DECREF(results);
+    return NULL;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"read_outputs", read_outputs, METH_VARARGS, read_outputs_doc},
+    {"fill", fill, METH_VARARGS, fill_doc},
+    {"write_back", write_back, METH_VARARGS, write_back_doc},
+    {NULL},
+};
+
+int
+add_plan_functions(PyObject *module)
+{
+    str_index = PyUnicode_InternFromString("index");
+    str_pick = PyUnicode_InternFromString("pick");
+    if (str_index == NULL || str_pick == NULL)
+        return -1;
+    return PyModule_AddFunctions(module, plan_methods);
+}

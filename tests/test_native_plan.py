@@ -1,0 +1,308 @@
+"""The program planner's loops in C (native/plan.c): which outputs are read,
+the step table and every node's place, and the write-back, against the
+Python they replaced (kept here as the reference), on every example model
+under op and subgraph granularity; and bad input raises, never crashes."""
+
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as tf
+from subgraphjit import _native
+from subgraphjit.batch import plan as plans
+from subgraphjit.batch.graph import BatchGraph, NodeOperand
+from subgraphjit.batch.schedulers import SCHEDULERS, schedule
+from subgraphjit.evaluate import unevaluated_ancestors
+from subgraphjit.patch.node import VirtualNode
+from subgraphjit.patch.record import ACCESS
+from experiments.example_models import MODELS
+from test_patterns import parameters  # noqa: F401 (fixture)
+
+
+# -- the reference: batch/plan.py and program.run before issue 17 moved them --
+
+def reference_read_outputs(graph, required):
+    required = {node.id for node in required if type(node) is VirtualNode}
+    type_of, duplicate_of, operands = graph.type_of, graph.duplicate_of, graph.operands
+    read = set()
+    for index, node_type in enumerate(type_of):
+        if node_type >= 0:
+            for operand in operands[index]:
+                if type(operand) is NodeOperand and operand.index >= 0:
+                    read.add((type_of[operand.index], operand.pick or 0))
+    for index, node in enumerate(graph.nodes):
+        if node.consumers == 0 or node.id in required:
+            if node.row is ACCESS:
+                source = operands[index][0].index
+                if source >= 0:
+                    read.add((type_of[duplicate_of[source]], node.attrs[0]))
+            else:
+                source = duplicate_of[index]
+                read.update((type_of[source], number)
+                            for number in range(len(plans._output_specs(node))))
+    return read
+
+
+class ReferenceFill:
+    def __init__(self, graph, program, kind_of_type):
+        self.graph, self.program, self.kind_of_type = graph, program, kind_of_type
+        self.filled = [0] * len(program.buffers)
+        self.input_row = {}
+        self.locations = [None] * len(graph)
+        self.steps, self.rows = [], []
+        self.input_values = [[] for _ in program.buffers]
+        self.input_nodes = [[] for _ in program.buffers]
+
+    def fill(self, batches):
+        graph, program = self.graph, self.program
+        outputs_width = max(len(kind.outputs) for kind in program.kinds)
+        for batch in batches:
+            kind_number = self.kind_of_type[graph.type_of[batch[0]]]
+            kind = program.kinds[kind_number]
+            step = [kind_number, len(batch), len(self.rows)]
+            for position, (operand_kind, buffer) in enumerate(kind.operands):
+                if operand_kind == plans.ROWS:
+                    self.rows.extend(self._rows(batch, position, buffer))
+            output_starts = [0] * outputs_width
+            for number, buffer in enumerate(kind.outputs):
+                if buffer is not None:
+                    output_starts[number] = self.filled[buffer]
+                    self.filled[buffer] += len(batch)
+            for offset, index in enumerate(batch):
+                places = [None if buffer is None else
+                          (buffer, output_starts[number] + offset)
+                          for number, buffer in enumerate(kind.outputs)]
+                self.locations[index] = places if kind.row.multi_output else places[0]
+            self.steps.append(step + output_starts)
+        self._locate_the_rest()
+        return self
+
+    def _rows(self, batch, position, buffer):
+        rows = []
+        for index in batch:
+            operand = self.graph.operands[index][position]
+            if not isinstance(operand, NodeOperand):
+                rows.append(("value", buffer, len(self.input_values[buffer])))
+                self.input_values[buffer].append(operand)
+            elif operand.index >= 0:
+                location = self.locations[operand.index]
+                rows.append((location if operand.pick is None
+                             else location[operand.pick])[1])
+            else:
+                number = self.input_row.get(id(operand.node))
+                if number is None:
+                    number = self.input_row[id(operand.node)] = len(
+                        self.input_nodes[buffer])
+                    self.input_nodes[buffer].append(operand.node)
+                rows.append(("node", buffer, number))
+        return rows
+
+    def _locate_the_rest(self):
+        graph, locations = self.graph, self.locations
+        for index, node in enumerate(graph.nodes):
+            if locations[index] is not None:
+                continue
+            if node.row is ACCESS:
+                source = graph.operands[index][0].index
+                if source >= 0 and locations[graph.duplicate_of[source]] is not None:
+                    locations[index] = locations[graph.duplicate_of[source]][node.attrs[0]]
+            else:
+                locations[index] = locations[graph.duplicate_of[index]]
+        for place, row in enumerate(self.rows):
+            if type(row) is tuple:
+                what, buffer, number = row
+                if what == "node":
+                    number += len(self.input_values[buffer])
+                self.rows[place] = self.program.computed[buffer] + number
+
+
+def reference_write_back(program, graph, outputs):
+    """What each node would be left with: (batch, batch_row, dropped
+    inputs) per index, the swallowed indices and the nodes whose value is
+    taken."""
+    left, swallowed, taken = {}, set(), []
+    for index, node in enumerate(graph.nodes):
+        location = program.location(index)
+        batch = batch_row = None
+        if isinstance(location, list):
+            if None in location:
+                swallowed.add(index)
+                continue
+            batch = [outputs[buffer] for buffer, _ in location]
+            batch_row = tuple(row for _, row in location)
+        elif location is not None:
+            batch, batch_row = outputs[location[0]], location[1]
+        elif node.row is not ACCESS or graph.operands[index][0].index >= 0:
+            swallowed.add(index)
+            continue
+        left[index] = (batch, batch_row)
+        if node.consumers == 0 and (batch is not None or node.batch is not None):
+            taken.append(index)
+    return left, swallowed, taken
+
+
+# -- graphs -----------------------------------------------------------------------
+
+def recorded_graph(name, seed, granularity, parameters, required_count=0):
+    """A model's graph, recorded under a tape (patterns collected from an
+    earlier minibatch at subgraph granularity)."""
+    parameters(granularity=granularity, collect=1, fuse=True, compile=0)
+    rng = np.random.default_rng(seed)
+    model = MODELS[name](rng)
+    if granularity == "subgraph":   # collect
+        with tf.GradientTape():
+            tf.build(tf.add_n([model.loss(tf, e) for e in model.random_examples(rng, 3)]))
+    tape = tf.GradientTape()
+    tape.__enter__()
+    losses = [model.loss(tf, e) for e in model.random_examples(rng, 4)]
+    # A node whose only consumer is outside the evaluation: its output is
+    # not kept, so it stays unevaluated.
+    hanging = tf.math.sin(losses[0] * 3.0)
+    tf.exp(hanging)
+    nodes = unevaluated_ancestors(losses + [hanging])
+    if granularity == "subgraph":
+        from subgraphjit import search
+        nodes = search.optimize(nodes, losses + [hanging], losses)
+    graph = BatchGraph(nodes)
+    batches = schedule(graph, SCHEDULERS["agenda"]())
+    required = [node for node in graph.nodes[::7]][:required_count]
+    return tape, losses + [hanging], graph, batches, required
+
+
+CASES = [(name, granularity) for name in sorted(MODELS) for granularity in ("op", "subgraph")]
+
+
+@pytest.mark.parametrize("name,granularity", CASES)
+def test_programs_match_the_reference(name, granularity, parameters):
+    tape, (*losses, hanging), graph, batches, required = recorded_graph(
+        name, len(name), granularity, parameters, required_count=3)
+    try:
+        for asked in ((), required):
+            assert plans._read_outputs(graph, asked) == reference_read_outputs(graph, asked)
+        program = plans.outline(graph, batches, required)
+        program.fill()
+        kind_of_type = {node_type: number for number, node_type in enumerate(
+            sorted({graph.type_of[batch[0]] for batch in batches},
+                   key=graph.type_names.__getitem__))}
+        reference = ReferenceFill(graph, program, kind_of_type).fill(batches)
+        assert program.steps.tolist() == reference.steps
+        assert program.rows.tolist() == reference.rows
+        assert program.input_values == reference.input_values
+        assert [[id(node) for node in nodes] for nodes in program.input_nodes] == \
+            [[id(node) for node in nodes] for nodes in reference.input_nodes]
+        assert [program.location(index) for index in range(len(graph))] == \
+            reference.locations
+
+        # The write-back, with stand-ins for the buffers.
+        outputs = [f"buffer {number}" for number in range(len(program.buffers))]
+        expected_left, expected_swallowed, _ = reference_write_back(program, graph, outputs)
+        before = [node.batch for node in graph.nodes]
+        swallowed = set()
+        taken = _native.write_back(graph.nodes, graph.operands, *program.places,
+                                   outputs, swallowed, NodeOperand, ACCESS)
+        assert swallowed == {graph.nodes[index].id for index in expected_swallowed}
+        for index, node in enumerate(graph.nodes):
+            if index in expected_left:
+                batch, batch_row = expected_left[index]
+                if batch is None:   # an access node given its value earlier
+                    assert node.batch is before[index]
+                else:
+                    assert node.batch == batch and node.batch_row == batch_row
+                assert node.inputs == () and node.site is None
+        assert [node.id for node in taken] == [
+            node.id for index, node in enumerate(graph.nodes)
+            if index in expected_left and node.consumers == 0
+            and (expected_left[index][0] is not None or before[index] is not None)]
+        assert {id(node) for node in taken} >= {id(loss) for loss in losses[1:]}
+        if any(node is hanging for node in graph.nodes):   # (not in a pattern)
+            assert hanging.id in swallowed
+    finally:
+        for node in graph.nodes:   # nothing evaluates the stand-ins
+            node.batch, node.batch_row, node.result = None, None, tensorflow.zeros(())
+        tape.__exit__(None, None, None)
+
+
+# -- bad input ----------------------------------------------------------------------
+
+def small_graph():
+    x = tensorflow.constant(np.ones((2, 3), np.float32))
+    with tf.GradientTape():
+        a = tf.tanh(x)
+        b, c = tf.split(a * 2.0, [1, 2], axis=1)
+        loss = tf.reduce_sum(b) + tf.reduce_sum(c)
+        graph = BatchGraph(unevaluated_ancestors([loss]))
+    return graph, schedule(graph, SCHEDULERS["agenda"]())
+
+
+def fill_arguments(graph, batches):
+    program = plans.outline(graph, batches)
+    kinds = [(tuple((p, b) for p, (k, b) in enumerate(kind.operands) if k == plans.ROWS),
+              tuple(kind.outputs), kind.row.multi_output) for kind in program.kinds]
+    kind_of_type = [-1] * len(graph.signatures)
+    for number, kind_type in enumerate(sorted({graph.type_of[b[0]] for b in batches},
+                                              key=graph.type_names.__getitem__)):
+        kind_of_type[kind_type] = number
+    return [batches, graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
+            len(graph.signatures), kind_of_type, kinds, program.computed, NodeOperand,
+            ACCESS]
+
+
+def test_fill_of_bad_input_raises_clean_errors():
+    graph, batches = small_graph()
+    arguments = fill_arguments(graph, batches)
+    assert _native.fill(*arguments)   # well formed
+
+    def broken(position, value):
+        changed = list(arguments)
+        changed[position] = value
+        return changed
+
+    count = len(graph.nodes)
+    for position, value, error in [
+            (0, [[count + 5]], ValueError),               # a node out of range
+            (0, [[]], ValueError),                        # an empty batch
+            (0, [batches[0], batches[0]] + batches[1:], ValueError),   # twice
+            (0, list(reversed(batches)), ValueError),     # reads before written
+            (0, [["x"]], TypeError),
+            (1, graph.nodes[:-1], ValueError),
+            (1, [1] * count, TypeError),
+            (2, [99] * count, ValueError),                # types out of range
+            (3, [-1] * count, ValueError),
+            (4, [[]] * count, ValueError),                # operands missing
+            (6, [5] * len(graph.signatures), ValueError),  # a kind out of range
+            (7, [("no",)], TypeError),
+            (7, [((( 0, 99),), (0,), False)] * 5, ValueError),   # a buffer out of range
+            (8, [0] * len(arguments[8]), ValueError),     # computed disagrees
+            (9, object(), TypeError)]:
+        with pytest.raises(error):
+            _native.fill(*broken(position, value))
+
+
+def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
+    graph, batches = small_graph()
+    program = plans.outline(graph, batches)
+    program.fill()
+    base = [graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
+            len(graph.signatures), set(), NodeOperand, ACCESS]
+    assert _native.read_outputs(*base)
+    for position, value, error in [(0, [None] * len(graph.nodes), TypeError),
+                                   (1, [-5] * len(graph.nodes), ValueError),
+                                   (2, [], ValueError),
+                                   (4, -1, ValueError),
+                                   (5, [], TypeError)]:
+        changed = list(base)
+        changed[position] = value
+        with pytest.raises(error):
+            _native.read_outputs(*changed)
+    where, outputs, slots = program.places
+    buffers = [None] * len(program.buffers)
+    for arguments, error in [
+            ((graph.nodes, graph.operands, where[:-4], outputs, slots, buffers), ValueError),
+            ((graph.nodes, graph.operands, where, outputs, slots[:-8], buffers), ValueError),
+            ((graph.nodes, graph.operands, where, outputs, slots, []), ValueError),
+            ((graph.nodes, graph.operands, where, outputs, "slots", buffers), TypeError),
+            ((graph.nodes[:-1], graph.operands, where, outputs, slots, buffers), ValueError)]:
+        with pytest.raises(error):
+            _native.write_back(*arguments, set(), NodeOperand, ACCESS)
+    for node in graph.nodes:   # untouched by the failed calls
+        assert node.batch is None
