@@ -77,6 +77,17 @@ class Program:
         self.computed = [0] * len(buffers)
         self.steps = self.rows = self.places = None
         self.input_values = self.input_nodes = None
+        # What ``fill`` reads, until it has: (graph, kind_of_type, batches).
+        self.to_fill = None
+
+    def fill(self):
+        """The steps and rows, the inputs, and every node's place.  (The
+        graph is held until then and let go after, never in a reference
+        cycle: a cycle would leave the whole graph to the cyclic collector,
+        hundreds of thousands of objects per large minibatch.)"""
+        graph, kind_of_type, batches = self.to_fill
+        self.to_fill = None
+        _fill(graph, self, kind_of_type, batches)
 
     def location(self, index):
         """(buffer, row) of graph node ``index``'s result (a list of them,
@@ -141,7 +152,7 @@ def outline(graph, batches, required=(), max_kinds=None):
         for buffer in kinds[kind_of_type[graph.type_of[batch[0]]]].outputs:
             if buffer is not None:
                 program.computed[buffer] += len(batch)
-    program.fill = lambda: _fill(graph, program, kind_of_type, batches)
+    program.to_fill = (graph, kind_of_type, batches)
     return program
 
 
