@@ -91,13 +91,14 @@ PARAMETERS = {
         "with ED-Batch's PQ tree ('pq') so that operands are slices of "
         "earlier results instead of gathers"),
     "compile": Parameter(
-        0, int, lambda value: _positive_int(value) or value == 0,
+        4, int, lambda value: _positive_int(value) or value == 0,
         "run an evaluation as one compiled TensorFlow call (batch/plan.py, "
         "batch/program.py) once its program's key is this many of the last "
-        "16 evaluations' keys (4 is a good value: a model whose keys keep "
-        "changing never compiles); 0 (the default, see BENCHMARKS.md: "
-        "faster at batch 25 training, slower at 256): "
-        "never, every batch runs as its own op"),
+        "16 evaluations' keys, so that a model whose keys keep changing "
+        "never compiles (4, the default: faster than step by step for "
+        "every example model at op granularity, and for the Tree-LSTM at "
+        "batch 25 and 256, training and inference; see BENCHMARKS.md); "
+        "0: never, every batch runs as its own op"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
