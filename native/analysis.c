@@ -824,7 +824,8 @@ PyDoc_STRVAR(describe_graph_doc,
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
 "BatchGraph's loop over its nodes (see batch/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
-"shared_operand).");
+"shared_operand, duplicates), ``duplicates`` counting the nodes whose work\n"
+"an earlier node does.");
 
 static PyObject *
 describe_graph(PyObject *module, PyObject *args)
@@ -973,11 +974,14 @@ describe_graph(PyObject *module, PyObject *args)
         type_of[index] = node_type_index;
         duplicate_of[index] = index;
     }
+    Py_ssize_t duplicates = 0;
+    for (Py_ssize_t index = 0; index < count; index++)
+        duplicates += duplicate_of[index] != index;
     PyObject *type_list = int_list(type_of, count);
     PyObject *duplicate_list = int_list(duplicate_of, count);
     if (type_list != NULL && duplicate_list != NULL)
-        result = PyTuple_Pack(6, type_list, duplicate_list, operands, sources,
-                              signatures, shared_operand);
+        result = Py_BuildValue("(OOOOOOn)", type_list, duplicate_list, operands,
+                               sources, signatures, shared_operand, duplicates);
     Py_XDECREF(type_list);
     Py_XDECREF(duplicate_list);
 done:

@@ -399,6 +399,8 @@ def assert_same_description(nodes):
     graph, reference = BatchGraph(nodes), ReferenceGraph(nodes)
     for field in ("type_of", "duplicate_of", "sources", "signatures", "shared_operand"):
         assert getattr(graph, field) == getattr(reference, field), field
+    assert graph.duplicates == sum(
+        canonical != index for index, canonical in enumerate(reference.duplicate_of))
     assert len(graph.operands) == len(reference.operands)
     for row, expected in zip(graph.operands, reference.operands):
         assert len(row) == len(expected)
@@ -464,7 +466,7 @@ def test_describe_graph_bad_input_raises_clean_errors():
         _native.describe_graph([1], *helpers)
     with pytest.raises(TypeError):
         _native.describe_graph([])
-    assert _native.describe_graph([], *helpers) == ([], [], [], [], [], [])
+    assert _native.describe_graph([], *helpers) == ([], [], [], [], [], [], 0)
     odd = make_node(1, [])
     odd.inputs = [2]
     with pytest.raises(TypeError):

@@ -183,7 +183,7 @@ def test_programs_match_the_reference(name, granularity, parameters):
         program.fill()
         kind_of_type = {node_type: number for number, node_type in enumerate(
             sorted({graph.type_of[batch[0]] for batch in batches},
-                   key=graph.type_names.__getitem__))}
+                   key=lambda node_type: (graph.type_names[node_type], node_type)))}
         reference = ReferenceFill(graph, program, kind_of_type).fill(batches)
         assert program.steps.tolist() == reference.steps
         assert program.rows.tolist() == reference.rows
@@ -240,7 +240,7 @@ def fill_arguments(graph, batches):
               tuple(kind.outputs), kind.row.multi_output) for kind in program.kinds]
     kind_of_type = [-1] * len(graph.signatures)
     for number, kind_type in enumerate(sorted({graph.type_of[b[0]] for b in batches},
-                                              key=graph.type_names.__getitem__)):
+                                              key=lambda t: (graph.type_names[t], t))):
         kind_of_type[kind_type] = number
     return [batches, graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
             len(graph.signatures), kind_of_type, kinds, program.computed, NodeOperand,

@@ -65,9 +65,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     finished = time.perf_counter()
     statistics["analysis_seconds"] += analysed - started
     statistics["execute_seconds"] += finished - analysed
-    statistics["duplicates_skipped"] += sum(
-        1 for index, canonical in enumerate(graph.duplicate_of)
-        if canonical != index)
+    statistics["duplicates_skipped"] += graph.duplicates
     return graph
 
 

@@ -36,7 +36,8 @@ class BatchGraph:
     ``NodeOperand`` or the foreign value itself; ``type_of[i]`` is the node's
     type (an index into ``signatures``) or -1 for nodes that are not
     scheduled (duplicates and access nodes); ``duplicate_of[i]`` is the index
-    whose value node i reuses, or i.
+    whose value node i reuses, or i; ``duplicates`` counts the i for which
+    that is not i.
     """
 
     def __init__(self, nodes):
@@ -53,7 +54,8 @@ class BatchGraph:
         # ``sources``: in-graph operand nodes of each node (canonical
         # indices), for the schedulers' dependency bookkeeping.
         (self.type_of, self.duplicate_of, self.operands, self.sources,
-         self.signatures, self.shared_operand) = _native.describe_graph(
+         self.signatures, self.shared_operand,
+         self.duplicates) = _native.describe_graph(
             self.nodes, ACCESS,
             NodeOperand, _row_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
@@ -73,11 +75,13 @@ class BatchGraph:
             for index, node_type in enumerate(self.type_of):
                 if node_type >= 0:
                     first_of_type.setdefault(node_type, index)
-            self._type_names = [
-                _stable_name(self.nodes[first_of_type[node_type]],
-                             self.operands[first_of_type[node_type]])
-                for node_type in range(len(self.signatures))]
+            self._type_names = [self.type_name(first_of_type[node_type])
+                                for node_type in range(len(self.signatures))]
         return self._type_names
+
+    def type_name(self, index):
+        """The stable name (``type_names``) of node ``index``'s type."""
+        return _stable_name(self.nodes[index], self.operands[index])
 
 
 def _take_output(access_node, source):

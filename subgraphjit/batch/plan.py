@@ -116,12 +116,14 @@ def outline(graph, batches, required=(), max_kinds=None):
     would have more than ``max_kinds`` kinds.  An output that no node of
     the graph reads, of nodes neither in ``required`` nor results (nodes
     nothing consumes), is not kept (``Kind.outputs``)."""
-    types = {graph.type_of[batch[0]] for batch in batches}
-    if max_kinds is not None and len(types) > max_kinds:
-        return None
-    types = sorted(types, key=graph.type_names.__getitem__)
-    read = _read_outputs(graph, required)
     first_of_type = {graph.type_of[batch[0]]: batch[0] for batch in reversed(batches)}
+    if max_kinds is not None and len(first_of_type) > max_kinds:
+        return None
+    # In an order every minibatch gives again: by name, then (types of one
+    # name, such as two tensors' of one shape) by first appearance.
+    types = sorted(first_of_type, key=lambda node_type: (
+        graph.type_name(first_of_type[node_type]), node_type))
+    read = _read_outputs(graph, required)
     specs = set()
     for node_type in types:
         example = first_of_type[node_type]
