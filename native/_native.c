@@ -574,7 +574,7 @@ PyInit__native(void)
     getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     if (add_analysis_functions(module) < 0 || add_match_functions(module) < 0
-            || add_plan_functions(module) < 0) {
+            || add_plan_functions(module) < 0 || add_fuse_functions(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

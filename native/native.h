@@ -52,4 +52,7 @@ int add_match_functions(PyObject *module);
 /* plan.c: a program's bookkeeping and write-back; the same contract. */
 int add_plan_functions(PyObject *module);
 
+/* fuse.c: joining pattern nodes; the same contract. */
+int add_fuse_functions(PyObject *module);
+
 #endif

@@ -156,89 +156,31 @@ class PatternSearch:
         the producer's node runs the pair, and the consumer's becomes an
         access to its last output.  Only where that delays nothing: every
         other argument of the consumer is an argument of the producer, an
-        ancestor of one, or already evaluated.  In recording order, so a
-        node is joined at most once, and a joined pair is never the
-        producer of another (a tree's cells stay one launch per level)."""
-        for node in pattern_nodes:
-            if node.row.multi_output:  # its outputs' accesses would nest
-                continue
-            producer = _latest_producer(node)
-            if producer is None:
-                continue
-            wiring, extras = _wiring(node, producer)
-            if wiring is None:
-                continue
-            key = (producer.row.pattern, node.row.pattern, wiring)
-            fused = self.fused.get(key)
-            if fused is None:
-                fused = self.fused[key] = FusedPattern(*key, len(extras))
-            output = len(producer.spec)
-            producer.row = fused.row
-            producer.inputs = tuple(producer.inputs) + tuple(extras)
-            producer.spec = tuple(producer.spec) + (node.spec,)
-            node.row, node.attrs, node.inputs = ACCESS, (output,), (producer,)
-            fused.matches += 1
-            context.pattern_fusions += 1
+        ancestor of one (found by a walk of at most 64 nodes), or already
+        evaluated.  In recording order, so a node is joined at most once,
+        and a joined pair is never the producer of another (a tree's cells
+        stay one launch per level).  The loop is C (``native/fuse.c``);
+        a new pair's FusedPattern is made here."""
+        def make_fused(key, extra_count):
+            fused = self.fused[key] = FusedPattern(*key, extra_count)
+            return fused
+
+        joined = _native.fuse(pattern_nodes, self.fused, make_fused, _row_kind, ACCESS)
+        for fused, count in collections.Counter(joined).items():
+            fused.matches += count
+        context.pattern_fusions += len(joined)
 
 
 def _node_id(node):
     return node.id
 
 
-def _latest_producer(node):
-    """The last recorded unjoined multi-output pattern node whose outputs
-    ``node`` reads, or None.  (A pattern's arguments are all nodes.)"""
-    latest = None
-    for operand in node.inputs:
-        if operand.row is ACCESS and operand.inputs:  # (evaluated: no inputs)
-            source = operand.inputs[0]
-            row = source.row
-            if row.family == "pattern" and row.multi_output \
-                    and type(row.pattern) is Pattern \
-                    and (latest is None or source.id > latest.id):
-                latest = source
-    return latest
-
-
-def _wiring(consumer, producer):
-    """Where each argument of ``consumer`` comes from once joined to
-    ``producer`` (see FusedPattern), and the arguments it adds; (None, None)
-    if joining would make the pair wait for something the producer does not."""
-    arguments = producer.inputs
-    wiring, extras = [], []
-    for operand in consumer.inputs:
-        if operand.row is ACCESS and operand.inputs and operand.inputs[0] is producer:
-            wiring.append(("output", operand.attrs[0]))
-            continue
-        for place, argument in enumerate(arguments):
-            if argument is operand:
-                wiring.append(("argument", place))
-                break
-        else:
-            if not (operand.evaluated or _feeds(operand, producer)):
-                return None, None
-            wiring.append(("argument", len(arguments) + len(extras)))
-            extras.append(operand)
-    return tuple(wiring), extras
-
-
-def _feeds(node, producer, budget=64):
-    """Is ``node`` an unevaluated ancestor of an argument of ``producer``
-    (so ready before it)?  A node's ancestors have smaller ids, which
-    bounds the walk; a long one gives up (no)."""
-    stack = [operand for operand in producer.inputs if operand.id > node.id]
-    seen = set()
-    while stack and budget:
-        budget -= 1
-        current = stack.pop()
-        for operand in current.inputs:
-            if operand is node:
-                return True
-            if type(operand) is VirtualNode and operand.id > node.id \
-                    and operand.id not in seen and not operand.evaluated:
-                seen.add(operand.id)
-                stack.append(operand)
-    return False
+def _row_kind(row):
+    """What ``_fuse`` needs of a row, as bits: 1, its node has several
+    outputs; 2, a pattern's (not a joined pair's) that others may join."""
+    pattern = row.family == "pattern"
+    return (int(row.multi_output)
+            | 2 * (pattern and row.multi_output and type(row.pattern) is Pattern))
 
 
 def _enqueue(operands, reached, queue):

@@ -1,8 +1,8 @@
-"""Pattern matching in C (native/match.c) against the generated-Python
-matchers it replaced, kept here as the reference (the package has one
-implementation, the native one): every match and every replacement on graphs
-recorded from the example models, and bad input, which must raise clean
-exceptions."""
+"""Pattern matching and joining in C (native/match.c, native/fuse.c)
+against the generated-Python matchers and the Python joining they replaced,
+kept here as the reference (the package has one implementation, the native
+one): every match, replacement and join on graphs recorded from the example
+models, and bad input, which must raise clean exceptions."""
 
 import itertools
 
@@ -12,7 +12,7 @@ import pytest
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit import signature as signatures
-from subgraphjit.codegen import ROWS_BY_NAME
+from subgraphjit.codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.patch.record import ACCESS
@@ -197,10 +197,80 @@ def copy_graph(roots, nodes):
 def described(nodes):
     """Each node as the replacement left it: row, attributes and operands
     (nodes by id, other values by identity)."""
-    return [(node.id, node.row, node.attrs,
+    return [(node.id, node.row, node.attrs, node.spec,
              tuple(("node", operand.id) if type(operand) is VirtualNode else id(operand)
                    for operand in node.inputs))
             for node in nodes]
+
+
+def reference_fuse(search, pattern_nodes):
+    """PatternSearch._fuse as Python before issue 17 moved its loop to C."""
+    for node in pattern_nodes:
+        if node.row.multi_output:
+            continue
+        producer = reference_latest_producer(node)
+        if producer is None:
+            continue
+        wiring, extras = reference_wiring(node, producer)
+        if wiring is None:
+            continue
+        key = (producer.row.pattern, node.row.pattern, wiring)
+        fused = search.fused.get(key)
+        if fused is None:
+            fused = search.fused[key] = FusedPattern(*key, len(extras))
+        output = len(producer.spec)
+        producer.row = fused.row
+        producer.inputs = tuple(producer.inputs) + tuple(extras)
+        producer.spec = tuple(producer.spec) + (node.spec,)
+        node.row, node.attrs, node.inputs = ACCESS, (output,), (producer,)
+
+
+def reference_latest_producer(node):
+    latest = None
+    for operand in node.inputs:
+        if operand.row is ACCESS and operand.inputs:
+            source = operand.inputs[0]
+            row = source.row
+            if row.family == "pattern" and row.multi_output \
+                    and type(row.pattern) is Pattern \
+                    and (latest is None or source.id > latest.id):
+                latest = source
+    return latest
+
+
+def reference_wiring(consumer, producer):
+    arguments = producer.inputs
+    wiring, extras = [], []
+    for operand in consumer.inputs:
+        if operand.row is ACCESS and operand.inputs and operand.inputs[0] is producer:
+            wiring.append(("output", operand.attrs[0]))
+            continue
+        for place, argument in enumerate(arguments):
+            if argument is operand:
+                wiring.append(("argument", place))
+                break
+        else:
+            if not (operand.evaluated or reference_feeds(operand, producer)):
+                return None, None
+            wiring.append(("argument", len(arguments) + len(extras)))
+            extras.append(operand)
+    return tuple(wiring), extras
+
+
+def reference_feeds(node, producer, budget=64):
+    stack = [operand for operand in producer.inputs if operand.id > node.id]
+    seen = set()
+    while stack and budget:
+        budget -= 1
+        current = stack.pop()
+        for operand in current.inputs:
+            if operand is node:
+                return True
+            if type(operand) is VirtualNode and operand.id > node.id \
+                    and operand.id not in seen and not operand.evaluated:
+                seen.add(operand.id)
+                stack.append(operand)
+    return False
 
 
 def required_ids(roots, nodes):
@@ -303,19 +373,23 @@ def test_replacement_equals_the_python_search(model_name, depth, parameters):
     required = required_ids(roots, nodes)
     level = tf.get_parameter("equivalence")
 
-    swallowed_a = set()
-    reached_a, replaced_a = reference_replace(
-        roots_a, SEARCH.templates, Signer(level, True, required), depth, swallowed_a)
-    SEARCH._fuse(replaced_a)
-
+    # The native search first, so that its joins make the joined patterns
+    # (the reference's then find them: the same keys).
     saved, context.swallowed = context.swallowed, set()
     try:
         reached_b = SEARCH._replace(roots_b, Signer(level, True, required), depth)
         swallowed_b = context.swallowed
     finally:
         context.swallowed = saved
+    joined = dict(SEARCH.fused)
+
+    swallowed_a = set()
+    reached_a, replaced_a = reference_replace(
+        roots_a, SEARCH.templates, Signer(level, True, required), depth, swallowed_a)
+    reference_fuse(SEARCH, replaced_a)
 
     assert replaced_a
+    assert SEARCH.fused == joined
     assert [node.id for node in reached_b] == [node.id for node in reached_a]
     assert swallowed_b == swallowed_a
     assert described(nodes_b) == described(nodes_a)
@@ -419,6 +493,65 @@ def test_bad_replace_input_raises():
     with pytest.raises(IndexError):
         _native.replace([root], good, labels(), set())
     assert root.row is ACCESS  # not rewritten
+
+
+def test_fuse_joins_and_bad_input_raises():
+    """Joining on hand-made nodes: the rewrite, and entries that are no
+    nodes and errors in the callbacks, which raise and leave the nodes as
+    they were."""
+    class Row:
+        def __init__(self, pattern):
+            self.pattern = pattern
+
+    producer_row, consumer_row, joined_row = Row("p"), Row("c"), Row("p+c")
+    argument = node(0, consumer_row)
+    first = spec(tf.float32, (1,))
+    producer = node(1, producer_row, (argument,), spec=(first,))
+    output = node(2, ACCESS, (producer,), (0,))
+    second = spec(tf.float32, (2,))
+    consumer = node(3, consumer_row, (output, argument), spec=second)
+
+    def row_kind(row):
+        return 3 if row is producer_row else 0
+
+    def snapshot():
+        return [(n.row, n.inputs, n.attrs, n.spec) for n in (producer, consumer)]
+
+    before = snapshot()
+    for given in ([consumer, 3], [None], 7):
+        with pytest.raises(TypeError):
+            _native.fuse(given, {}, None, row_kind, ACCESS)
+    with pytest.raises(TypeError):
+        _native.fuse([consumer], [], None, row_kind, ACCESS)
+
+    def refuse(_):
+        raise KeyError("no kind")
+
+    def no_pair(key, extra_count):
+        raise RuntimeError("no pair")
+
+    with pytest.raises(KeyError):
+        _native.fuse([consumer], {}, None, refuse, ACCESS)
+    with pytest.raises(RuntimeError):
+        _native.fuse([consumer], {}, no_pair, row_kind, ACCESS)
+    assert snapshot() == before
+
+    class Pair:
+        row = joined_row
+
+    made = []
+
+    def make_pair(key, extra_count):
+        made.append((key, extra_count))
+        return Pair()
+
+    joined = _native.fuse([consumer], {}, make_pair, row_kind, ACCESS)
+    assert made == [(("p", "c", (("output", 0), ("argument", 0))), 0)]
+    assert len(joined) == 1 and type(joined[0]) is Pair
+    assert producer.row is joined_row and producer.inputs == (argument,)
+    assert producer.spec == (first, second)
+    assert consumer.row is ACCESS and consumer.attrs == (1,)
+    assert consumer.inputs == (producer,)
 
 
 def test_odd_nodes_never_match_and_never_crash():
