@@ -214,7 +214,7 @@ static PyObject *context;          /* subgraphjit.context.context */
 static PyObject *spec_of_foreign;  /* spec of an operand that is no node */
 static PyObject *infer;            /* _infer(row, inputs, attrs, key, site) */
 static PyObject *freeze;           /* hashable form of attributes */
-static PyObject *access_row;       /* ACCESS: output i of a multi-output op */
+PyObject *access_row;              /* ACCESS: output i of a multi-output op */
 static PyObject *scalar_specs;     /* {int: Spec, float: ..., bool: ...} */
 static PyObject *variable_types;   /* {type of each variable seen} */
 

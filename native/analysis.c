@@ -2,6 +2,7 @@
  * recorded graph that cost milliseconds per minibatch in Python.
  *
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
+ * - scope_leftovers: what a closing scope still has to evaluate.
  * - depths, agenda_schedule, depth_schedule: the schedulers' integer work
  *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
  * - describe_graph: BatchGraph's loop (types, duplicates, operands,
@@ -101,6 +102,69 @@ done:
     idset_free(&seen);
     Py_DECREF(given);
     return result;
+}
+
+/* -- a closing scope's nodes -------------------------------------------------- */
+
+PyDoc_STRVAR(scope_leftovers_doc,
+"scope_leftovers(recorded, swallowed)\n--\n\n"
+"The nodes of a closing scope still to evaluate, in order.  First, newest\n"
+"first, every node only the list ``recorded`` references is dropped from\n"
+"it (which frees the operands only it read); then the unevaluated nodes\n"
+"are returned, except those whose id is in the set ``swallowed`` and\n"
+"access nodes of those.  ``recorded`` is changed in place.");
+
+static PyObject *
+scope_leftovers(PyObject *module, PyObject *args)
+{
+    PyObject *recorded, *swallowed;
+    if (!PyArg_ParseTuple(args, "O!O!:scope_leftovers", &PyList_Type, &recorded,
+                          &PySet_Type, &swallowed))
+        return NULL;
+    /* Dropping a node runs no Python code (nodes and their fields are
+     * plain values), but it may shrink nothing: the list keeps its size. */
+    for (Py_ssize_t i = PyList_GET_SIZE(recorded) - 1; i >= 0; i--) {
+        PyObject *item = PyList_GET_ITEM(recorded, i);
+        if (Py_IS_TYPE(item, node_type) && Py_REFCNT(item) == 1) {
+            PyList_SET_ITEM(recorded, i, Py_NewRef(Py_None));
+            Py_DECREF(item);
+        }
+    }
+    PyObject *left = PyList_New(0);
+    if (left == NULL)
+        return NULL;
+    int any_swallowed = PySet_GET_SIZE(swallowed) > 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(recorded); i++) {
+        PyObject *item = PyList_GET_ITEM(recorded, i);
+        if (!Py_IS_TYPE(item, node_type) || !unevaluated((Node *)item))
+            continue;
+        Node *node = (Node *)item;
+        if (any_swallowed) {
+            Node *checked = node;
+            if (access_row != NULL && node->row == access_row
+                    && PyTuple_Check(node->inputs)
+                    && PyTuple_GET_SIZE(node->inputs) > 0
+                    && Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type))
+                checked = (Node *)PyTuple_GET_ITEM(node->inputs, 0);
+            int in = 0;
+            for (int pass = 0; pass < 1 + (checked != node) && !in; pass++) {
+                PyObject *id = PyLong_FromLongLong(pass ? checked->id : node->id);
+                in = id == NULL ? -1 : PySet_Contains(swallowed, id);
+                Py_XDECREF(id);
+            }
+            if (in < 0) {
+                Py_DECREF(left);
+                return NULL;
+            }
+            if (in)
+                continue;
+        }
+        if (PyList_Append(left, item) < 0) {
+            Py_DECREF(left);
+            return NULL;
+        }
+    }
+    return left;
 }
 
 /* -- the schedulers' integer work ------------------------------------------ */
@@ -1007,6 +1071,7 @@ done:
 static PyMethodDef analysis_methods[] = {
     {"unevaluated_ancestors", unevaluated_ancestors, METH_O,
      unevaluated_ancestors_doc},
+    {"scope_leftovers", scope_leftovers, METH_VARARGS, scope_leftovers_doc},
     {"depths", depths, METH_VARARGS, depths_doc},
     {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
     {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},

@@ -36,6 +36,7 @@ typedef struct Node {
 } Node;
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
+extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */
 
 /* _native.c: the spec of a non-empty list of Python ints (a new
  * reference), or NULL: with an exception set on failure, else the operand

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from ._native import next_node_id  # the id the next node gets
+from ._native import scope_leftovers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,22 +213,12 @@ class Context:
         # it is dropped, not evaluated: evaluated in one batch with live
         # nodes, a lookup of a variable's rows would add an entry to the
         # variable's IndexedSlices gradient that eager TensorFlow has not.
-        # Newest first, so that dropping a node frees the operands only it
-        # read.  (References: the list's and getrefcount's argument.)
-        for position in range(len(recorded) - 1, -1, -1):
-            if sys.getrefcount(recorded[position]) == 2:
-                recorded[position] = None
-        # Usually a build in the scope has evaluated nearly everything.
-        # (``VirtualNode.evaluated`` inlined: every recorded node passes here.)
-        recorded = [node for node in recorded if node is not None
-                    and node.result is None and node.batch is None]
-        swallowed = self.swallowed
-        if swallowed:
-            recorded = [node for node in recorded if node.id not in swallowed
-                        and not (node.row.name == "access" and node.inputs
-                                 and node.inputs[0].id in swallowed)]
-            if not self.scopes:
-                swallowed.clear()
+        # Usually a build in the scope has evaluated nearly everything, and
+        # nodes inside patterns (``swallowed``) are computed only if asked
+        # for.  (In C: this visits every node recorded in the scope.)
+        recorded = scope_leftovers(recorded, self.swallowed)
+        if not self.scopes:
+            self.swallowed.clear()
         # The collector comes back on last: turned on while the scope's
         # nodes were still being dropped, it swept all the young objects
         # the scope made (a 256-tree minibatch's compiled program leaves

@@ -3,6 +3,7 @@ references kept here (the package has one implementation, the native one):
 random DAGs, graphs recorded from the example models, and bad input, which
 must raise clean exceptions."""
 
+import weakref
 
 import numpy as np
 import pytest
@@ -295,6 +296,33 @@ def test_depths_of_bad_input_raise_clean_errors():
         _native.depths([0, 0], [(), (1,)])
     with pytest.raises(TypeError):
         _native.depths([None], [()])
+
+
+# -- a closing scope's leftovers ---------------------------------------------------
+
+def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowed():
+    held = make_node(1, [])
+    dropped_only_here = make_node(2, [held])     # read by nothing: dropped
+    evaluated = make_node(3, [held], state=1)
+    batched = make_node(4, [held], state=2)
+    swallowed = make_node(5, [held])
+    access = VirtualNode(6, ACCESS, (swallowed,), (0,), None, None)
+    other_access = VirtualNode(7, ACCESS, (held,), (0,), None, None)
+    reader = make_node(8, [dropped_only_here])   # only the list holds it too
+    probe = weakref.ref(dropped_only_here)
+    recorded = [held, dropped_only_here, evaluated, batched, swallowed, access,
+                other_access, reader, "not a node"]
+    del dropped_only_here, reader
+    keep = [held, evaluated, batched, swallowed, access, other_access]
+    left = _native.scope_leftovers(recorded, {5})
+    assert left == [held, other_access]
+    assert probe() is None   # freed once its only reader was
+    assert recorded[1] is None and recorded[7] is None
+    assert _native.scope_leftovers(list(keep), set()) == [held, swallowed, access,
+                                                          other_access]
+    for bad in [(keep, frozenset()), (tuple(keep), set()), (keep,)]:
+        with pytest.raises(TypeError):
+            _native.scope_leftovers(*bad)
 
 
 # -- BatchGraph -----------------------------------------------------------------
