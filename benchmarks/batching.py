@@ -8,7 +8,9 @@ with autobatching, agenda and depth (if ``dynet38`` is installed; run in
 subprocesses); and subgraphjit with each scheduler and granularity (ops, or
 frequent subgraphs as units), every batch its own launch (``compile`` 0),
 and with agenda, each evaluation run as one compiled program once its key
-recurs (``compiled``: ``compile`` 4).  Ratios are to plain
+recurs (``compiled``: ``compile`` 4); and with every parameter at its
+default (``subgraphjit defaults``, its warm-up running training passes
+until ``auto`` has chosen its granularity, shown beside it).  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
@@ -38,10 +40,14 @@ tensorflow.config.threading.set_intra_op_parallelism_threads(1)
 tensorflow.config.threading.set_inter_op_parallelism_threads(1)
 
 import subgraphjit  # noqa: E402
+from subgraphjit.context import PARAMETERS  # noqa: E402
 from benchmarks.treelstm_baselines import (  # noqa: E402
     FunctionCellTreeLSTM, HandBatchedTreeLSTM, compiled_hand_batched)
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM, train_step  # noqa: E402
+
+
+DEFAULTS = "subgraphjit defaults"
 
 
 class Passes(typing.NamedTuple):
@@ -204,6 +210,14 @@ def main():
         name = f"subgraphjit {scheduler}, {granularity}"
         systems[name + (", compiled" if compile_after else "")] = \
             per_instance_system(subgraphjit, make)
+
+    def with_defaults():
+        """As a user who changes only the import line."""
+        for key in ("scheduler", "granularity", "compile"):
+            subgraphjit.set_parameter(key, PARAMETERS[key].default)
+        subgraphjit.reset_patterns()
+        return TreeLSTM(subgraphjit, size, 2)
+    systems[DEFAULTS] = per_instance_system(subgraphjit, with_defaults)
     if arguments.systems:
         systems = {name: system for name, system in systems.items()
                    if name == "eager TensorFlow" or any(
@@ -228,6 +242,10 @@ def main():
             subgraphjit.reset_stats()
             started = time.perf_counter()
             train(), infer()  # warm up: traces, caches, compiled programs
+            if name == DEFAULTS:   # and the granularity trial, however long
+                while subgraphjit.stats()["granularity_chosen"] is None:
+                    train()
+                name = f"{name} ({subgraphjit.stats()['granularity_chosen']})"
             warm_up = time.perf_counter() - started
             programs = subgraphjit.stats()["programs_compiled"]
             speeds = (median_rate(train, len(subset), arguments.passes),

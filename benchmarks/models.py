@@ -29,6 +29,8 @@ tensorflow.config.threading.set_intra_op_parallelism_threads(1)
 tensorflow.config.threading.set_inter_op_parallelism_threads(1)
 
 import subgraphjit  # noqa: E402
+from subgraphjit.context import PARAMETERS  # noqa: E402
+from subgraphjit.search import Trial  # noqa: E402
 from experiments.example_models import MODELS  # noqa: E402
 
 # (name, granularity, compile); None: plain eager TensorFlow.
@@ -38,6 +40,7 @@ SETTINGS = [
     ("subgraphjit op, compiled", "op", 4),
     ("subgraphjit subgraph, step by step", "subgraph", 0),
     ("subgraphjit subgraph, compiled", "subgraph", 4),
+    ("subgraphjit defaults", "defaults", None),
 ]
 
 
@@ -63,24 +66,32 @@ def train_step(module, model, optimizer, batch):
 def rate(name, setting, arguments):
     label, granularity, compile_after = setting
     module = tensorflow if granularity is None else subgraphjit
+    warm_up_steps = arguments.warm_up
     if module is subgraphjit:
+        if granularity == "defaults":   # as a user who changes only the import
+            granularity, compile_after = (PARAMETERS[key].default
+                                          for key in ("granularity", "compile"))
         subgraphjit.set_parameter("granularity", granularity)
         subgraphjit.set_parameter("compile", compile_after)
         subgraphjit.reset_patterns()   # and compiled programs
+        if granularity == "auto":   # time the choice's trial apart too
+            warm_up_steps += subgraphjit.get_parameter("collect") + len(
+                Trial.UNITS) * (compile_after + 1 + Trial.TIMED)
     model = make_model(name, arguments.width, seed=0)
     data = np.random.default_rng(1)
     batches = [model.random_examples(data, arguments.batch_size)
-               for _ in range(arguments.warm_up + arguments.minibatches)]
+               for _ in range(warm_up_steps + arguments.minibatches)]
     optimizer = tensorflow.keras.optimizers.SGD(0.01)
     started = time.perf_counter()
-    for batch in batches[:arguments.warm_up]:
+    for batch in batches[:warm_up_steps]:
         train_step(module, model, optimizer, batch)
     warm_up = time.perf_counter() - started
     started = time.perf_counter()
-    for batch in batches[arguments.warm_up:]:
+    for batch in batches[warm_up_steps:]:
         train_step(module, model, optimizer, batch)
     seconds = time.perf_counter() - started
-    return arguments.minibatches * arguments.batch_size / seconds, warm_up
+    chosen = subgraphjit.stats()["granularity_chosen"] if granularity == "auto" else None
+    return arguments.minibatches * arguments.batch_size / seconds, warm_up, chosen
 
 
 def main():
@@ -92,19 +103,21 @@ def main():
     parser.add_argument("--minibatches", type=int, default=8)
     parser.add_argument("--warm-up", type=int, default=10,
                         help="untimed minibatches first (patterns collect in 3, "
-                             "a program compiles at its key's 4th sighting)")
+                             "a program compiles at its key's 4th sighting; "
+                             "the defaults' granularity trial adds its own)")
     arguments = parser.parse_args()
     defaults = {key: subgraphjit.get_parameter(key) for key in ("granularity", "compile")}
     print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
           f"{arguments.minibatches} timed minibatches after {arguments.warm_up}, "
           f"1 thread; defaults: {defaults}")
-    print(f"{'model':<16} {'setting':<32} {'inst/s':>9} {'x eager':>8} {'warm-up s':>9}")
+    print(f"{'model':<16} {'setting':<34} {'inst/s':>9} {'x eager':>8} {'warm-up s':>9}")
     for name in arguments.models:
         eager = None
         for setting in SETTINGS:
-            speed, warm_up = rate(name, setting, arguments)
+            speed, warm_up, chosen = rate(name, setting, arguments)
             eager = eager or speed
-            print(f"{name:<16} {setting[0]:<32} {speed:>9.1f} {speed / eager:>8.2f} "
+            label = setting[0] + (f" ({chosen})" if chosen else "")
+            print(f"{name:<16} {label:<34} {speed:>9.1f} {speed / eager:>8.2f} "
                   f"{warm_up:>9.1f}", flush=True)
     for key, value in defaults.items():
         subgraphjit.set_parameter(key, value)

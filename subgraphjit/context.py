@@ -73,9 +73,11 @@ PARAMETERS = {
         "shapes ('shape'), equal ops ('structure'), or equal ops with inputs "
         "told apart by dtype only ('signature')"),
     "granularity": Parameter(
-        "op", str, _one_of("op", "subgraph"),
+        "auto", str, _one_of("auto", "op", "subgraph"),
         "the unit of work: single ops, or frequent subgraphs found over the "
-        "first 'collect' minibatches, each compiled once (thesis chapter 4)"),
+        "first 'collect' minibatches, each compiled once (thesis chapter 4); "
+        "'auto' (the default) collects the subgraphs, then times a few "
+        "minibatches with each unit and keeps the faster (search.py)"),
     "scheduler": Parameter(
         "agenda", str, _one_of("none", "depth", "agenda", "fsm"),
         "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
@@ -161,6 +163,8 @@ class Context:
         self.pending = None
         self.collector_was_on = True
         self.patterns = None
+        self.granularity_chosen = None
+        self.granularity_trial = {}
         # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
@@ -264,6 +268,10 @@ class Context:
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),
+            # ``granularity`` auto: the unit chosen (None while deciding)
+            # and the measured seconds per node of each unit tried.
+            "granularity_chosen": self.granularity_chosen,
+            "granularity_trial": dict(self.granularity_trial),
             "pattern_matches": self.pattern_matches,
             "pattern_fusions": self.pattern_fusions,
             "pattern_traces": self.pattern_traces,

@@ -54,7 +54,7 @@ def evaluate(targets, required=None):
     if not nodes:
         return
     started = time.perf_counter()
-    if context.parameters["granularity"] == "subgraph":
+    if context.parameters["granularity"] != "op":
         nodes = search.optimize(nodes, targets,
                                 targets if required is None else required)
     context.session += 1

@@ -57,6 +57,7 @@ class PatternSearch:
         self.templates = {}      # root (op-table row, attrs) -> [(Template, Pattern)]
         self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
         context.patterns = None  # signature -> Pattern, once collection ends
+        self.trial = Trial()     # granularity "auto": ops or patterns, timed
 
     def optimize(self, nodes, targets, required):
         """Collect from, or replace patterns in, the nodes of one evaluation
@@ -84,6 +85,9 @@ class PatternSearch:
             self.inputs += len(roots)
             if self.minibatches >= settings[3]:
                 self._select(settings[2])
+            return nodes
+        if parameters["granularity"] == "auto" \
+                and self.trial.unit(len(nodes), parameters["compile"]) == "op":
             return nodes
         return self._replace(roots, signer, depth)
 
@@ -169,6 +173,68 @@ class PatternSearch:
         for fused, count in collections.Counter(joined).items():
             fused.matches += count
         context.pattern_fusions += len(joined)
+
+
+class Trial:
+    """Granularity ``auto``: which unit of work, ops or patterns, trains or
+    infers this model faster, measured rather than guessed (patterns win
+    big on trees and lose on models whose subgraphs hold a sequence's
+    length: BENCHMARKS.md).  Once patterns are collected, each unit runs
+    until it has settled -- an evaluation ran as a compiled program, or
+    ``compile`` + 1 evaluations passed -- then ``TIMED`` timed evaluations;
+    the unit with the fewer seconds per node is kept.  The time of an
+    evaluation is until the next one starts, so it includes the backward,
+    the update and the recording of the next minibatch: what the user
+    waits for."""
+
+    UNITS = ("op", "subgraph")
+    TIMED = 3
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self):
+        self.position = 0      # into UNITS, then len(UNITS): decided
+        self.evaluations = 0   # of the unit on trial
+        self.timed = 0         # ... of which timed
+        self.runs = 0          # compiled program runs before this evaluation
+        self.timing = None     # (unit, started, nodes) of a timed evaluation
+        self.seconds = dict.fromkeys(self.UNITS, 0.0)
+        self.nodes = dict.fromkeys(self.UNITS, 0)
+        context.granularity_chosen = None
+        context.granularity_trial = {}
+
+    def unit(self, nodes, compile_after):
+        """The unit for an evaluation of ``nodes`` nodes starting now."""
+        now = self.clock()
+        if self.timing is not None:
+            unit, started, count = self.timing
+            self.seconds[unit] += now - started
+            self.nodes[unit] += count
+            self.timing = None
+        if context.granularity_chosen is not None:
+            return context.granularity_chosen
+        if not context.patterns:   # nothing frequent: nothing to try
+            self.position = len(self.UNITS)
+            self.nodes["subgraph"] = self.nodes["op"] = 1
+            self.seconds["subgraph"] = float("inf")
+        if self.position == len(self.UNITS):
+            context.granularity_trial = {
+                unit: self.seconds[unit] / max(self.nodes[unit], 1)
+                for unit in self.UNITS}
+            context.granularity_chosen = min(self.UNITS,
+                                             key=context.granularity_trial.get)
+            return context.granularity_chosen
+        unit = self.UNITS[self.position]
+        runs, self.runs = self.runs, context.batching["program_runs"]
+        settled = self.evaluations > compile_after or (
+            self.evaluations > 0 and self.runs > runs)
+        self.evaluations += 1
+        if settled:
+            self.timing = (unit, now, nodes)
+            self.timed += 1
+            if self.timed == self.TIMED:
+                self.position += 1
+                self.evaluations = self.timed = 0
+        return unit
 
 
 def _node_id(node):

@@ -9,7 +9,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit import signature as signatures
+from subgraphjit import search, signature as signatures
 from subgraphjit.codegen import ROWS_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
@@ -281,3 +281,32 @@ def test_a_pattern_without_a_batch_rule_runs_per_instance(parameters):
     assert stats["pattern_matches"] == len(values)
     assert any(reason.startswith("pattern.") and "tensordot has no batch rule" in reason
                for reason in stats["unbatched"]), stats["unbatched"]
+
+
+@pytest.mark.parametrize("faster", ["op", "subgraph"])
+def test_auto_granularity_times_both_units_and_keeps_the_faster(parameters, faster,
+                                                               monkeypatch):
+    """``auto`` collects, runs each unit until its program is compiled,
+    times it, and keeps the unit with the fewer seconds per node; every
+    minibatch, on trial or after, equals eager TensorFlow.  The clock is
+    the test's: each minibatch costs what the test says its unit costs."""
+    parameters(granularity="auto", collect=1, compile=2)
+    now = [0.0]
+    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    rng = np.random.default_rng(21)
+    model = MODELS["tree_lstm"](rng)
+    units = []
+    for _ in range(16):
+        matched = tf.stats()["pattern_matches"]
+        assert_matches_eager(model, model.random_examples(rng, 3))
+        unit = "subgraph" if tf.stats()["pattern_matches"] > matched else "op"
+        units.append(unit)
+        now[0] += 1.0 if unit == faster else 3.0
+    stats = tf.stats()
+    assert stats["granularity_chosen"] == faster
+    slower = ({"op", "subgraph"} - {faster}).pop()
+    assert stats["granularity_trial"][faster] < stats["granularity_trial"][slower]
+    # Both tried (patterns collected at the first), then the choice kept.
+    assert units[0] == "op" and "subgraph" in units
+    assert units[-4:] == [faster] * 4
+    assert stats["programs_compiled"] >= 2
