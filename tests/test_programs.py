@@ -95,6 +95,54 @@ def test_a_program_reused_on_another_minibatch_gives_its_results(compiled):
     assert stats["program_cache_hits"] == 1 and stats["programs_compiled"] == 0
 
 
+def with_cells_of_kind(examples, cell):
+    """TreeLSTM-2Type examples whose internal nodes are all cell ``cell``."""
+    def assign(tree):
+        if isinstance(tree, int):
+            return tree
+        return (cell, assign(tree[1]), assign(tree[2]))
+    return [(assign(tree), label) for tree, label in examples]
+
+
+def test_a_program_of_more_kinds_runs_a_minibatch_of_fewer(compiled):
+    """A minibatch whose kinds are a subset of a compiled program's runs
+    that program (its other kinds take no steps): no compile, and the
+    minibatch's own eager results; then a minibatch of the other kinds."""
+    rng = np.random.default_rng(12)
+    model = MODELS["tree_lstm_2type"](rng)
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 6))  # collect
+    tf.reset_stats()
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 6))
+    assert tf.stats()["programs_compiled"] == 1
+    for cell in (0, 1):
+        tf.reset_stats()
+        assert_matches_eager(model, with_cells_of_kind(model.random_examples(rng, 6), cell))
+        stats = tf.stats()
+        assert stats["programs_compiled"] == 0 and stats["program_runs"] == 1, stats
+
+
+def test_a_program_with_two_kinds_of_one_key_adopts_no_other(compiled):
+    """Two kinds that differ only in which tensor of one shape they read
+    have one kind key; a program holding both is never run by a program
+    of other kinds (which could not tell them apart)."""
+    rng = np.random.default_rng(13)
+    first, second, third = (tensorflow.constant(rng.normal(size=(3, 3)).astype(np.float32))
+                            for _ in range(3))
+    rows = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(2)]
+    with tf.batching():   # compiles a program of kinds (matmul, add t1, add t2, tanh)
+        values = [tf.tanh(tf.matmul(tf.identity(row), third) + first) for row in rows] + [
+            tf.matmul(tf.identity(row), third) + second for row in rows]
+    tf.reset_stats()
+    with tf.batching():   # the add kinds' key twice: run step by step or compiled alone
+        values = [tf.matmul(tf.identity(row), third) + first for row in rows] + [
+            tf.matmul(tf.identity(row), third) + second for row in rows]
+    for value, (row, shared) in zip(values, [(rows[0], first), (rows[1], first),
+                                             (rows[0], second), (rows[1], second)]):
+        np.testing.assert_allclose(value.numpy(), row @ third.numpy() + shared.numpy(),
+                                   rtol=1e-5, atol=1e-5)
+    assert tf.stats()["program_cache_hits"] == 0
+
+
 def planned(graph):
     return plans.plan(graph, schedule(graph, SCHEDULERS["agenda"]()))
 
@@ -229,19 +277,21 @@ def test_a_reused_program_reads_this_minibatchs_shared_tensors():
 def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     """The policy alone (compiling stubbed): a steady key compiles at its
     fourth sighting; keys that keep changing, each seen now and then,
-    never do."""
-    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned.key))
+    never do (and no program of more kinds runs them)."""
+    class Planned:
+        def __init__(self, key):
+            self.key = key
+
+    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
+    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
     programs = program.Programs()
     statistics = {"program_cache_hits": 0, "programs_compiled": 0,
                   "programs_not_compiled": collections.Counter(),
                   "compile_seconds": 0.0}
 
-    class Planned:
-        def __init__(self, key):
-            self.key = key
-
     steady = [programs.compiled_for(Planned("tree"), 4, statistics) for _ in range(6)]
-    assert steady[:3] == [None] * 3 and steady[3:] == [("compiled", "tree")] * 3
+    assert steady[:3] == [None] * 3
+    assert [compiled[1].key for compiled in steady[3:]] == ["tree"] * 3
     changing = [programs.compiled_for(Planned(f"length {n % 6}"), 4, statistics)
                 for n in range(60)]   # each key 2 or 3 of any 16
     assert changing == [None] * 60

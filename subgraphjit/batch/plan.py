@@ -44,12 +44,14 @@ class Kind:
 
     __slots__ = ("row", "attrs", "spec", "operands", "outputs")
 
-    def key(self):
-        """What a compiled program depends on: never rows or tensor values."""
+    def key(self, buffers):
+        """What a compiled program depends on: never rows or tensor values;
+        buffers by their (dtype, row shape), not their number, so that
+        the key is the same in programs of other kinds."""
         operands = []
         for kind, value in self.operands:
             if kind == ROWS:
-                operands.append((ROWS, value))
+                operands.append((ROWS, buffers[value]))
             elif is_variable(value):
                 operands.append((SHARED, "variable", id(value)))  # kept alive by the cache
             elif isinstance(value, tf.Tensor):
@@ -57,7 +59,9 @@ class Kind:
             else:
                 operands.append((SHARED, type(value), value))
         return (self.row, self.attrs, tuple(map(type, self.attrs)),
-                tuple(operands), tuple(self.outputs))
+                tuple(operands),
+                tuple(None if buffer is None else buffers[buffer]
+                      for buffer in self.outputs))
 
 
 class Program:
@@ -73,12 +77,39 @@ class Program:
     def __init__(self, kinds, buffers):
         self.kinds = kinds
         self.buffers = buffers
-        self.key = (tuple(buffers), tuple(kind.key() for kind in kinds))
+        self.kind_keys = tuple(kind.key(buffers) for kind in kinds)
+        self.key = (tuple(buffers), self.kind_keys)
         self.computed = [0] * len(buffers)
         self.steps = self.rows = self.places = None
         self.input_values = self.input_nodes = None
         # What ``fill`` reads, until it has: (graph, kind_of_type, batches).
         self.to_fill = None
+
+    def adopt(self, other):
+        """Renumber this program's kinds and buffers as those of ``other``
+        (a program, or a compiled one, whose kinds include all of this
+        one's), so that ``other``'s compiled form runs it.  Kinds this
+        program lacks are ``other``'s, with no steps; before ``fill``."""
+        number = {spec: place for place, spec in enumerate(other.buffers)}
+        renumbered = [number[spec] for spec in self.buffers]
+        for kind in self.kinds:
+            kind.operands = [(ROWS, renumbered[value]) if operand_kind == ROWS
+                             else (operand_kind, value)
+                             for operand_kind, value in kind.operands]
+            kind.outputs = [None if buffer is None else renumbered[buffer]
+                            for buffer in kind.outputs]
+        place_of = {key: place for place, key in enumerate(other.kind_keys)}
+        graph, kind_of_type, batches = self.to_fill
+        self.to_fill = (graph, {node_type: place_of[self.kind_keys[number]]
+                                for node_type, number in kind_of_type.items()},
+                        batches)
+        mine = dict(zip(self.kind_keys, self.kinds))
+        self.kinds = [mine.get(key, kind) for key, kind in zip(other.kind_keys, other.kinds)]
+        computed = [0] * len(other.buffers)
+        for buffer, count in enumerate(self.computed):
+            computed[renumbered[buffer]] = count
+        self.buffers, self.computed = list(other.buffers), computed
+        self.kind_keys, self.key = other.kind_keys, other.key
 
     def fill(self):
         """The steps and rows, the inputs, and every node's place.  (The

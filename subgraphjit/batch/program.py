@@ -77,6 +77,24 @@ class Programs:
     def clear(self):
         self.__init__()
 
+    def _compiled_superset(self, program):
+        """The compiled program of fewest kinds among those whose kinds
+        include all of ``program``'s, or None."""
+        kinds, buffers = set(program.kind_keys), set(program.buffers)
+        if len(kinds) < len(program.kind_keys):
+            # Two kinds of one key (the same op on two tensors of one
+            # shape): only their positions tell them apart.
+            return None
+        best = None
+        for entry in self._entries.values():
+            compiled = entry.compiled
+            if compiled is not None and len(compiled.kind_set) == len(compiled.kinds) \
+                    and kinds <= compiled.kind_set \
+                    and buffers <= compiled.buffer_set \
+                    and (best is None or len(compiled.kinds) < len(best.kinds)):
+                best = compiled
+        return best
+
     def compiled_for(self, program, compile_after, statistics):
         """The compiled form of ``program``, compiling it if its key is now
         ``compile_after`` of the last WINDOW keys; None: run it step by
@@ -100,7 +118,15 @@ class Programs:
             self._entries.move_to_end(key)
         if entry.compiled is not None:
             statistics["program_cache_hits"] += 1
-        elif self._counts[key] >= compile_after and not entry.tried:
+            return entry.compiled
+        larger = self._compiled_superset(program)
+        if larger is not None:
+            # A program of more kinds runs this one (its other kinds take
+            # no steps): no compile for minibatches that lack a rare kind.
+            program.adopt(larger)
+            statistics["program_cache_hits"] += 1
+            return larger
+        if self._counts[key] >= compile_after and not entry.tried:
             if self.compiles >= BUDGET:
                 statistics["programs_not_compiled"][
                     f"compile budget of {BUDGET} spent"] += 1
@@ -192,6 +218,8 @@ class _Compiled:
 
     def __init__(self, program):
         self.kinds, self.buffers = program.kinds, program.buffers
+        self.kind_keys, self.key = program.kind_keys, program.key
+        self.kind_set, self.buffer_set = set(self.kind_keys), set(self.buffers)
         self.shared = _Shared(program)
         # Rows of a variable each kind looks up: their gradients stay entries.
         self.sparse = sorted({
@@ -428,8 +456,14 @@ class _Compiled:
         # This program's shared values, in the compiled order: variables are
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
-        values = _Shared(program).values
+        arguments = _Shared(program)
+        values = arguments.values
         tensors = [value for value in values if not is_variable(value)]
+        # Values of kinds with steps: a program of more kinds than this
+        # minibatch has (Programs.compiled_for) gives the others no
+        # gradient, as eagerly, not zeros.
+        used = {number for kind_number in set(program.steps[:, 0].tolist())
+                for number in _numbers(arguments.places[kind_number])}
         compiled = self
 
         @tf.custom_gradient
@@ -453,8 +487,9 @@ class _Compiled:
                 input_gradients, shared_gradients = compiled.backward(
                     *arrays, *buffers, *shared, *adjoints)
                 by_buffer = dict(zip(compiled.trainable, input_gradients))
-                shared_gradients = [_gradient(value, gradient) for value, gradient
-                                    in zip(values, shared_gradients)]
+                shared_gradients = [_gradient(value, gradient) if number in used else None
+                                    for number, (value, gradient)
+                                    in enumerate(zip(values, shared_gradients))]
                 of_variable = {id(_underlying(value)): gradient for value, gradient
                                in zip(values, shared_gradients) if is_variable(value)}
                 tensor_gradients = [gradient for value, gradient
