@@ -4,10 +4,24 @@
 
 #include "native.h"
 
-/* -- a growable array of pointers ------------------------------------------- */
+/* -- growable arrays ---------------------------------------------------------- */
 
-/* The arrays grow by doubling; PyMem_Realloc keeps the old block on failure,
+/* Arrays grow by doubling; PyMem_Realloc keeps the old block on failure,
  * so a failed push leaves the array as it was (and MemoryError set). */
+static inline int
+array_grow(void **items, Py_ssize_t *capacity, size_t item_size)
+{
+    Py_ssize_t grown = *capacity ? 2 * *capacity : 64;
+    void *block = PyMem_Realloc(*items, grown * item_size);
+    if (block == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *items = block;
+    *capacity = grown;
+    return 0;
+}
+
 typedef struct {
     void **items;
     Py_ssize_t size, capacity;
@@ -16,17 +30,30 @@ typedef struct {
 static inline int
 ptr_push(PtrArray *array, void *item)
 {
-    if (array->size == array->capacity) {
-        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 64;
-        void **items = PyMem_Realloc(array->items, capacity * sizeof(void *));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        array->items = items;
-        array->capacity = capacity;
-    }
+    if (array->size == array->capacity
+            && array_grow((void **)&array->items, &array->capacity, sizeof(void *)) < 0)
+        return -1;
     array->items[array->size++] = item;
+    return 0;
+}
+
+/* int32 items (a program's index arrays, handed to TensorFlow as int32). */
+typedef struct {
+    int *items;
+    Py_ssize_t size, capacity;
+} IntArray;
+
+static inline int
+int_push(IntArray *array, Py_ssize_t value)
+{
+    if (value > 2147483647 || value < -2147483647) {
+        PyErr_SetString(PyExc_OverflowError, "an index exceeds int32");
+        return -1;
+    }
+    if (array->size == array->capacity
+            && array_grow((void **)&array->items, &array->capacity, sizeof(int)) < 0)
+        return -1;
+    array->items[array->size++] = (int)value;
     return 0;
 }
 

@@ -356,32 +356,6 @@ done:
 
 /* -- the step table ---------------------------------------------------------- */
 
-/* A growable int array. */
-typedef struct {
-    int *items;
-    Py_ssize_t size, capacity;
-} Ints;
-
-static int
-ints_push(Ints *array, Py_ssize_t value)
-{
-    int item;
-    if (as_int32(value, &item) < 0)
-        return -1;
-    if (array->size == array->capacity) {
-        Py_ssize_t capacity = array->capacity ? 2 * array->capacity : 256;
-        int *items = PyMem_Realloc(array->items, capacity * sizeof(int));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        array->items = items;
-        array->capacity = capacity;
-    }
-    array->items[array->size++] = item;
-    return 0;
-}
-
 /* A kind as fill reads it: the (position, buffer) of each per-instance
  * operand and the buffer of each output (-1: not kept). */
 typedef struct {
@@ -501,7 +475,7 @@ fill(PyObject *module, PyObject *args)
     Py_ssize_t count = graph.count, width = 3;
     PyObject *result = NULL, *input_values = NULL, *input_nodes = NULL,
              *input_number = NULL;
-    Ints steps = {0}, rows = {0}, slots = {0};
+    IntArray steps = {0}, rows = {0}, slots = {0};
     Pending *pending = NULL;
     Py_ssize_t pending_count = 0, pending_capacity = 0;
     int *where = NULL, *outputs = NULL;
@@ -559,8 +533,8 @@ fill(PyObject *module, PyObject *args)
             goto done;
         }
         KindInfo *kind = &kinds[kind_number];
-        if (ints_push(&steps, kind_number) < 0 || ints_push(&steps, size) < 0
-                || ints_push(&steps, rows.size) < 0)
+        if (int_push(&steps, kind_number) < 0 || int_push(&steps, size) < 0
+                || int_push(&steps, rows.size) < 0)
             goto done;
         /* Each per-instance operand's rows in turn. */
         for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
@@ -633,26 +607,20 @@ fill(PyObject *module, PyObject *args)
                     }
                 }
                 if (is_pending) {
-                    if (pending_count == pending_capacity) {
-                        Py_ssize_t capacity = pending_capacity ? 2 * pending_capacity : 64;
-                        Pending *grown = PyMem_Realloc(pending, capacity * sizeof(Pending));
-                        if (grown == NULL) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                        pending = grown;
-                        pending_capacity = capacity;
-                    }
+                    if (pending_count == pending_capacity
+                            && array_grow((void **)&pending, &pending_capacity,
+                                          sizeof(Pending)) < 0)
+                        goto done;
                     pending[pending_count++] = (Pending){rows.size, buffer, number, is_node};
                 }
-                if (ints_push(&rows, row) < 0)
+                if (int_push(&rows, row) < 0)
                     goto done;
             }
         }
         /* Each output's rows are the next ones of its buffer. */
         Py_ssize_t starts = steps.size;
         for (Py_ssize_t n = 3; n < width; n++)
-            if (ints_push(&steps, 0) < 0)
+            if (int_push(&steps, 0) < 0)
                 goto done;
         for (Py_ssize_t n = 0; n < kind->output_count; n++) {
             Py_ssize_t buffer = kind->output_buffers[n];
@@ -678,8 +646,8 @@ fill(PyObject *module, PyObject *args)
             outputs[index] = kind->multi_output ? (int)kind->output_count : -1;
             for (Py_ssize_t n = 0; n < kind->output_count; n++) {
                 Py_ssize_t buffer = kind->output_buffers[n];
-                if (ints_push(&slots, buffer) < 0
-                        || ints_push(&slots, buffer < 0 ? 0
+                if (int_push(&slots, buffer) < 0
+                        || int_push(&slots, buffer < 0 ? 0
                                      : steps.items[starts + n] + j) < 0)
                     goto done;
             }

@@ -181,20 +181,22 @@ class Trial:
     big on trees and lose on models whose subgraphs hold a sequence's
     length: BENCHMARKS.md).  Once patterns are collected, each unit runs
     until it has settled -- an evaluation ran as a compiled program, or
-    ``compile`` + 1 evaluations passed -- then ``TIMED`` timed evaluations;
-    the unit with the fewer seconds per node is kept.  The time of an
-    evaluation is until the next one starts, so it includes the backward,
-    the update and the recording of the next minibatch: what the user
-    waits for."""
+    ``compile`` + 1 evaluations passed -- then the two take turns in the
+    order of ``TIMED`` (op, patterns, patterns, op, ...: a loop that
+    alternates training and inference evaluations, or slows down over
+    time, favours neither), and the unit with the fewer seconds per node
+    is kept.  The time of an evaluation is until the next one starts, so
+    it includes the backward, the update and the recording of the next
+    minibatch: what the user waits for."""
 
     UNITS = ("op", "subgraph")
-    TIMED = 3
+    TIMED = ("op", "subgraph", "subgraph", "op") * 2
     clock = staticmethod(time.perf_counter)
 
     def __init__(self):
-        self.position = 0      # into UNITS, then len(UNITS): decided
-        self.evaluations = 0   # of the unit on trial
-        self.timed = 0         # ... of which timed
+        self.settling = 0      # into UNITS: the unit settling, then len(UNITS)
+        self.evaluations = 0   # of the unit settling
+        self.timed = 0         # into TIMED
         self.runs = 0          # compiled program runs before this evaluation
         self.timing = None     # (unit, started, nodes) of a timed evaluation
         self.seconds = dict.fromkeys(self.UNITS, 0.0)
@@ -213,27 +215,27 @@ class Trial:
         if context.granularity_chosen is not None:
             return context.granularity_chosen
         if not context.patterns:   # nothing frequent: nothing to try
-            self.position = len(self.UNITS)
-            self.nodes["subgraph"] = self.nodes["op"] = 1
-            self.seconds["subgraph"] = float("inf")
-        if self.position == len(self.UNITS):
+            context.granularity_chosen = "op"
+            return "op"
+        runs, self.runs = self.runs, context.batching["program_runs"]
+        if self.settling < len(self.UNITS):
+            if self.evaluations > compile_after or (
+                    self.evaluations > 0 and self.runs > runs):
+                self.settling += 1
+                self.evaluations = 0
+        if self.settling < len(self.UNITS):
+            self.evaluations += 1
+            return self.UNITS[self.settling]
+        if self.timed == len(self.TIMED):
             context.granularity_trial = {
                 unit: self.seconds[unit] / max(self.nodes[unit], 1)
                 for unit in self.UNITS}
             context.granularity_chosen = min(self.UNITS,
                                              key=context.granularity_trial.get)
             return context.granularity_chosen
-        unit = self.UNITS[self.position]
-        runs, self.runs = self.runs, context.batching["program_runs"]
-        settled = self.evaluations > compile_after or (
-            self.evaluations > 0 and self.runs > runs)
-        self.evaluations += 1
-        if settled:
-            self.timing = (unit, now, nodes)
-            self.timed += 1
-            if self.timed == self.TIMED:
-                self.position += 1
-                self.evaluations = self.timed = 0
+        unit = self.TIMED[self.timed]
+        self.timed += 1
+        self.timing = (unit, now, nodes)
         return unit
 
 

@@ -296,7 +296,7 @@ def test_auto_granularity_times_both_units_and_keeps_the_faster(parameters, fast
     rng = np.random.default_rng(21)
     model = MODELS["tree_lstm"](rng)
     units = []
-    for _ in range(16):
+    for _ in range(20):
         matched = tf.stats()["pattern_matches"]
         assert_matches_eager(model, model.random_examples(rng, 3))
         unit = "subgraph" if tf.stats()["pattern_matches"] > matched else "op"

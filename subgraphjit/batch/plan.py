@@ -16,7 +16,10 @@ their buffers (each output's rows are consecutive).
 A compiled program pays off only if later minibatches reuse it, so what it
 is compiled for -- the ``key`` -- holds the kinds and the buffers' specs,
 never the steps' order, counts or rows: those are the program's arguments.
-The Tree-LSTM's minibatches of any trees run one compiled program.
+The Tree-LSTM's minibatches of any trees run one compiled program; one
+that lacks a rare kind runs a program of more kinds (``Program.adopt``).
+The loops over every node (``fill``, and which outputs are read) are C:
+``native/plan.c``.
 """
 
 import numpy as np
