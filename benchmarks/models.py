@@ -76,7 +76,7 @@ def rate(name, setting, arguments):
         subgraphjit.reset_patterns()   # and compiled programs
         if granularity == "auto":   # time the choice's trial apart too
             warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
-                              + len(Trial.UNITS) * (compile_after + 1))
+                              + len(Trial.UNITS) * (2 * compile_after + 1))
     model = make_model(name, arguments.width, seed=0)
     data = np.random.default_rng(1)
     batches = [model.random_examples(data, arguments.batch_size)

@@ -30,6 +30,7 @@ is one input.
 """
 
 import collections
+import statistics
 import time
 
 from . import _native
@@ -70,6 +71,9 @@ class PatternSearch:
         if settings != self.settings:  # statistics of other settings are moot
             self.settings = settings
             self.reset()
+        if context.patterns is not None and parameters["granularity"] == "auto" \
+                and self.trial.unit(len(nodes), parameters["compile"]) == "op":
+            return nodes   # (before any work: every evaluation passes here)
         depth, level = settings[0], settings[1]
         required = {node.id for node in required if type(node) is VirtualNode}
         # Roots: what nothing else consumes, and what the caller asked for.
@@ -85,9 +89,6 @@ class PatternSearch:
             self.inputs += len(roots)
             if self.minibatches >= settings[3]:
                 self._select(settings[2])
-            return nodes
-        if parameters["granularity"] == "auto" \
-                and self.trial.unit(len(nodes), parameters["compile"]) == "op":
             return nodes
         return self._replace(roots, signer, depth)
 
@@ -181,12 +182,14 @@ class Trial:
     big on trees and lose on models whose subgraphs hold a sequence's
     length: BENCHMARKS.md).  Once patterns are collected, each unit runs
     until it has settled -- an evaluation ran as a compiled program, or
-    ``compile`` + 1 evaluations passed -- then the two take turns in the
-    order of ``TIMED`` (op, patterns, patterns, op, ...: a loop that
-    alternates training and inference evaluations, or slows down over
-    time, favours neither), and the unit with the fewer seconds per node
-    is kept.  The time of an evaluation is until the next one starts, so
-    it includes the backward, the update and the recording of the next
+    2 x ``compile`` + 1 evaluations passed (keys that vary with a rare
+    kind take longer to recur) -- then the two take turns in the order of
+    ``TIMED`` (op, patterns, patterns, op, ...: a loop that alternates
+    training and inference evaluations, or slows down over time, favours
+    neither), and the unit with the lower median seconds per node is kept
+    (a median, so that one evaluation that compiles decides nothing).
+    The time of an evaluation is until the next one starts, so it
+    includes the backward, the update and the recording of the next
     minibatch: what the user waits for."""
 
     UNITS = ("op", "subgraph")
@@ -199,8 +202,7 @@ class Trial:
         self.timed = 0         # into TIMED
         self.runs = 0          # compiled program runs before this evaluation
         self.timing = None     # (unit, started, nodes) of a timed evaluation
-        self.seconds = dict.fromkeys(self.UNITS, 0.0)
-        self.nodes = dict.fromkeys(self.UNITS, 0)
+        self.per_node = {unit: [] for unit in self.UNITS}   # seconds, per evaluation
         context.granularity_chosen = None
         context.granularity_trial = {}
 
@@ -209,8 +211,7 @@ class Trial:
         now = self.clock()
         if self.timing is not None:
             unit, started, count = self.timing
-            self.seconds[unit] += now - started
-            self.nodes[unit] += count
+            self.per_node[unit].append((now - started) / max(count, 1))
             self.timing = None
         if context.granularity_chosen is not None:
             return context.granularity_chosen
@@ -219,7 +220,7 @@ class Trial:
             return "op"
         runs, self.runs = self.runs, context.batching["program_runs"]
         if self.settling < len(self.UNITS):
-            if self.evaluations > compile_after or (
+            if self.evaluations > 2 * compile_after or (
                     self.evaluations > 0 and self.runs > runs):
                 self.settling += 1
                 self.evaluations = 0
@@ -228,8 +229,7 @@ class Trial:
             return self.UNITS[self.settling]
         if self.timed == len(self.TIMED):
             context.granularity_trial = {
-                unit: self.seconds[unit] / max(self.nodes[unit], 1)
-                for unit in self.UNITS}
+                unit: statistics.median(self.per_node[unit]) for unit in self.UNITS}
             context.granularity_chosen = min(self.UNITS,
                                              key=context.granularity_trial.get)
             return context.granularity_chosen
