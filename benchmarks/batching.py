@@ -9,8 +9,9 @@ subprocesses); and subgraphjit with each scheduler and granularity (ops, or
 frequent subgraphs as units), every batch its own launch (``compile`` 0),
 and with agenda, each evaluation run as one compiled program once its key
 recurs (``compiled``: ``compile`` 4); and with every parameter at its
-default (``subgraphjit defaults``, its warm-up running training passes
-until ``auto`` has chosen its granularity, shown beside it).  Ratios are to plain
+default (``subgraphjit defaults``, its warm-up running passes until
+``auto`` has chosen its granularity for training and for inference,
+shown beside it).  Ratios are to plain
 eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
@@ -242,10 +243,11 @@ def main():
             subgraphjit.reset_stats()
             started = time.perf_counter()
             train(), infer()  # warm up: traces, caches, compiled programs
-            if name == DEFAULTS:   # and the granularity trial, however long
-                while subgraphjit.stats()["granularity_chosen"] is None:
-                    train()
-                name = f"{name} ({subgraphjit.stats()['granularity_chosen']})"
+            if name == DEFAULTS:   # and the granularity trials, however long
+                while len(subgraphjit.stats()["granularity_chosen"]) < 2:
+                    train(), infer()
+                chosen = subgraphjit.stats()["granularity_chosen"]
+                name = f"{name} ({chosen['training']}, {chosen['inference']})"
             warm_up = time.perf_counter() - started
             programs = subgraphjit.stats()["programs_compiled"]
             speeds = (median_rate(train, len(subset), arguments.passes),

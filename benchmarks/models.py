@@ -90,7 +90,8 @@ def rate(name, setting, arguments):
     for batch in batches[warm_up_steps:]:
         train_step(module, model, optimizer, batch)
     seconds = time.perf_counter() - started
-    chosen = subgraphjit.stats()["granularity_chosen"] if granularity == "auto" else None
+    chosen = (subgraphjit.stats()["granularity_chosen"].get("training")
+              if granularity == "auto" else None)
     return arguments.minibatches * arguments.batch_size / seconds, warm_up, chosen
 
 

@@ -90,10 +90,12 @@ class GradientTape(tf.GradientTape):
     def __enter__(self):
         context.open_scope()
         try:
-            return super().__enter__()
+            entered = super().__enter__()
         except BaseException:
             context.close_scope()
             raise
+        context.tapes += 1
+        return entered
 
     def __exit__(self, kind, error, traceback):
         recorded = context.close_scope()
@@ -101,6 +103,7 @@ class GradientTape(tf.GradientTape):
             if kind is None:
                 evaluate(recorded, required=())
         finally:
+            context.tapes -= 1
             result = super().__exit__(kind, error, traceback)
         return result
 

@@ -163,8 +163,12 @@ class Context:
         self.pending = None
         self.collector_was_on = True
         self.patterns = None
-        self.granularity_chosen = None
+        # Granularity ``auto``, per mode ("training": under our
+        # GradientTape; "inference"): the unit chosen, and the measured
+        # seconds per node of each unit (search.Trial).
+        self.granularity_chosen = {}
         self.granularity_trial = {}
+        self.tapes = 0   # our GradientTapes open
         # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
@@ -268,10 +272,11 @@ class Context:
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),
-            # ``granularity`` auto: the unit chosen (None while deciding)
-            # and the measured seconds per node of each unit tried.
-            "granularity_chosen": self.granularity_chosen,
-            "granularity_trial": dict(self.granularity_trial),
+            # ``granularity`` auto, per mode ("training", "inference"): the
+            # unit chosen, once chosen, and the seconds per node measured.
+            "granularity_chosen": dict(self.granularity_chosen),
+            "granularity_trial": {mode: dict(trial) for mode, trial
+                                  in self.granularity_trial.items()},
             "pattern_matches": self.pattern_matches,
             "pattern_fusions": self.pattern_fusions,
             "pattern_traces": self.pattern_traces,

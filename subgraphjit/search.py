@@ -58,7 +58,9 @@ class PatternSearch:
         self.templates = {}      # root (op-table row, attrs) -> [(Template, Pattern)]
         self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
         context.patterns = None  # signature -> Pattern, once collection ends
-        self.trial = Trial()     # granularity "auto": ops or patterns, timed
+        # Granularity "auto": ops or patterns, timed, per mode (training
+        # and inference can prefer different units).
+        self.trials = {mode: Trial(mode) for mode in ("training", "inference")}
 
     def optimize(self, nodes, targets, required):
         """Collect from, or replace patterns in, the nodes of one evaluation
@@ -71,9 +73,14 @@ class PatternSearch:
         if settings != self.settings:  # statistics of other settings are moot
             self.settings = settings
             self.reset()
-        if context.patterns is not None and parameters["granularity"] == "auto" \
-                and self.trial.unit(len(nodes), parameters["compile"]) == "op":
-            return nodes   # (before any work: every evaluation passes here)
+        if context.patterns is not None and parameters["granularity"] == "auto":
+            # Any evaluation ends the one being timed, of either mode.
+            now = Trial.clock()
+            for trial in self.trials.values():
+                trial.stop(now)
+            trial = self.trials["training" if context.tapes else "inference"]
+            if trial.unit(len(nodes), parameters["compile"], now) == "op":
+                return nodes   # (before any work: every evaluation passes here)
         depth, level = settings[0], settings[1]
         required = {node.id for node in required if type(node) is VirtualNode}
         # Roots: what nothing else consumes, and what the caller asked for.
@@ -177,8 +184,9 @@ class PatternSearch:
 
 
 class Trial:
-    """Granularity ``auto``: which unit of work, ops or patterns, trains or
-    infers this model faster, measured rather than guessed (patterns win
+    """Granularity ``auto``: which unit of work, ops or patterns, trains
+    (under our GradientTape) or infers this model faster -- a trial per
+    mode, since the two can differ -- measured rather than guessed (patterns win
     big on trees and lose on models whose subgraphs hold a sequence's
     length: BENCHMARKS.md).  Once patterns are collected, each unit runs
     until it has settled -- an evaluation ran as a compiled program, or
@@ -188,35 +196,39 @@ class Trial:
     training and inference evaluations, or slows down over time, favours
     neither), and the unit with the lower median seconds per node is kept
     (a median, so that one evaluation that compiles decides nothing).
-    The time of an evaluation is until the next one starts, so it
-    includes the backward, the update and the recording of the next
-    minibatch: what the user waits for."""
+    The time of an evaluation is until the next one (of either mode)
+    starts, so it includes the backward, the update and the recording of
+    the next minibatch: what the user waits for."""
 
     UNITS = ("op", "subgraph")
     TIMED = ("op", "subgraph", "subgraph", "op") * 2
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self):
+    def __init__(self, mode):
+        self.mode = mode       # what context.granularity_* say it under
         self.settling = 0      # into UNITS: the unit settling, then len(UNITS)
         self.evaluations = 0   # of the unit settling
         self.timed = 0         # into TIMED
         self.runs = 0          # compiled program runs before this evaluation
         self.timing = None     # (unit, started, nodes) of a timed evaluation
         self.per_node = {unit: [] for unit in self.UNITS}   # seconds, per evaluation
-        context.granularity_chosen = None
-        context.granularity_trial = {}
+        context.granularity_chosen.pop(mode, None)
+        context.granularity_trial.pop(mode, None)
 
-    def unit(self, nodes, compile_after):
-        """The unit for an evaluation of ``nodes`` nodes starting now."""
-        now = self.clock()
+    def stop(self, now):
+        """End the timed evaluation, if any: another one starts ``now``."""
         if self.timing is not None:
             unit, started, count = self.timing
             self.per_node[unit].append((now - started) / max(count, 1))
             self.timing = None
-        if context.granularity_chosen is not None:
-            return context.granularity_chosen
+
+    def unit(self, nodes, compile_after, now):
+        """The unit for an evaluation of ``nodes`` nodes starting ``now``."""
+        chosen = context.granularity_chosen.get(self.mode)
+        if chosen is not None:
+            return chosen
         if not context.patterns:   # nothing frequent: nothing to try
-            context.granularity_chosen = "op"
+            context.granularity_chosen[self.mode] = "op"
             return "op"
         runs, self.runs = self.runs, context.batching["program_runs"]
         if self.settling < len(self.UNITS):
@@ -228,11 +240,10 @@ class Trial:
             self.evaluations += 1
             return self.UNITS[self.settling]
         if self.timed == len(self.TIMED):
-            context.granularity_trial = {
+            trial = context.granularity_trial[self.mode] = {
                 unit: statistics.median(self.per_node[unit]) for unit in self.UNITS}
-            context.granularity_chosen = min(self.UNITS,
-                                             key=context.granularity_trial.get)
-            return context.granularity_chosen
+            chosen = context.granularity_chosen[self.mode] = min(self.UNITS, key=trial.get)
+            return chosen
         unit = self.TIMED[self.timed]
         self.timed += 1
         self.timing = (unit, now, nodes)

@@ -303,10 +303,39 @@ def test_auto_granularity_times_both_units_and_keeps_the_faster(parameters, fast
         units.append(unit)
         now[0] += 1.0 if unit == faster else 3.0
     stats = tf.stats()
-    assert stats["granularity_chosen"] == faster
+    assert stats["granularity_chosen"] == {"training": faster}   # no inference yet
     slower = ({"op", "subgraph"} - {faster}).pop()
-    assert stats["granularity_trial"][faster] < stats["granularity_trial"][slower]
+    trial = stats["granularity_trial"]["training"]
+    assert trial[faster] < trial[slower]
     # Both tried (patterns collected at the first), then the choice kept.
     assert units[0] == "op" and "subgraph" in units
     assert units[-4:] == [faster] * 4
     assert stats["programs_compiled"] >= 2
+
+
+def test_auto_granularity_chooses_for_training_and_inference_apart(parameters,
+                                                                   monkeypatch):
+    """A trial per mode: training (under our tape) and inference alternate,
+    each costing what the test's clock says, and each mode keeps its own
+    faster unit; inference values equal eager TensorFlow's throughout."""
+    parameters(granularity="auto", collect=1, compile=2)
+    now = [0.0]
+    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    rng = np.random.default_rng(22)
+    model = MODELS["tree_lstm"](rng)
+    cheaper = {"training": "subgraph", "inference": "op"}
+    for _ in range(20):
+        for mode in ("training", "inference"):
+            matched = tf.stats()["pattern_matches"]
+            examples = model.random_examples(rng, 3)
+            if mode == "training":
+                assert_matches_eager(model, examples)
+            else:
+                with tf.batching():
+                    losses = [model.loss(tf, example) for example in examples]
+                for loss, example in zip(losses, examples):
+                    np.testing.assert_allclose(float(loss), float(
+                        model.loss(tensorflow, example)), rtol=1e-5)
+            unit = "subgraph" if tf.stats()["pattern_matches"] > matched else "op"
+            now[0] += 1.0 if unit == cheaper[mode] else 3.0
+    assert tf.stats()["granularity_chosen"] == cheaper
