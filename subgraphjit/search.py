@@ -186,16 +186,17 @@ class PatternSearch:
 class Trial:
     """Granularity ``auto``: which unit of work, ops or patterns, trains
     (under our GradientTape) or infers this model faster -- a trial per
-    mode, since the two can differ -- measured rather than guessed (patterns win
-    big on trees and lose on models whose subgraphs hold a sequence's
-    length: BENCHMARKS.md).  Once patterns are collected, each unit runs
-    until it has settled -- an evaluation ran as a compiled program, or
-    2 x ``compile`` + 1 evaluations passed (keys that vary with a rare
-    kind take longer to recur) -- then the two take turns in the order of
-    ``TIMED`` (op, patterns, patterns, op, ...: a loop that alternates
-    training and inference evaluations, or slows down over time, favours
-    neither), and the unit with the lower median seconds per node is kept
-    (a median, so that one evaluation that compiles decides nothing).
+    mode, since the two can differ -- measured rather than guessed
+    (patterns win big on trees and lose on models whose subgraphs hold a
+    sequence's length: BENCHMARKS.md).  Once patterns are collected, each
+    unit runs until it has settled -- a compiled program ran since its
+    last evaluation (in either mode), or 2 x ``compile`` + 1 evaluations
+    passed (keys that vary with a rare kind take longer to recur) -- then
+    the two take turns in the order of ``TIMED`` (op, patterns, patterns,
+    op, ...: a loop that alternates training and inference evaluations,
+    or slows down over time, favours neither), and the unit with the
+    lower median seconds per node is kept (a median, so that one
+    evaluation that compiles decides nothing).
     The time of an evaluation is until the next one (of either mode)
     starts, so it includes the backward, the update and the recording of
     the next minibatch: what the user waits for."""
