@@ -7,8 +7,9 @@ the style of the thesis's Table 6.4 (DAG construction, optimization (pattern
 search), execution, backward, update), the speedups, the largest loss
 difference from eager TensorFlow, and dev accuracy.
 
-The first ``collect + 1`` minibatches are not timed, for any backend: with
-patterns they collect statistics and compile the patterns.
+The first ``collect + compile + 1`` minibatches are not timed, for any
+backend: with patterns they collect statistics and compile the patterns,
+and a compiled program compiles at its key's ``compile``-th sighting.
 
     python experiments/treelstm_sst.py                 # all three backends
     python experiments/treelstm_sst.py --backend patterns --steps 100
@@ -28,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
+from subgraphjit.context import PARAMETERS  # noqa: E402
 from subgraphjit.report import print_table  # noqa: E402
 
 COLUMNS = ("construction", "optimization", "execution", "backward", "update")
@@ -43,8 +45,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--train-limit", type=int, default=2000,
                         help="use the first N training trees")
     parser.add_argument("--steps", type=int, default=24,
-                        help="minibatches to train (the first collect + 1 "
-                             "are warm-up, not timed)")
+                        help="minibatches to train (the first collect + "
+                             "compile + 1 are warm-up, not timed)")
     parser.add_argument("--embedding", type=int, default=300)
     parser.add_argument("--hidden", type=int, default=150)
     parser.add_argument("--fine-grained", action="store_true",
@@ -101,7 +103,13 @@ def train(tf, arguments, batches, vocabulary, classes, name):
         else:  # eager: building the graph is running it
             timing = (0.0, 0.0, executed - started)
         timings.append(timing + (differentiated - executed, updated - differentiated))
-    return model, np.array(losses), np.array(timings[arguments.collect + 1:])
+    return model, np.array(losses), np.array(timings[untimed(arguments):])
+
+
+def untimed(arguments):
+    """Warm-up minibatches: pattern collection, then the compiles of the
+    programs (at a key's ``compile``-th sighting, the default)."""
+    return arguments.collect + PARAMETERS["compile"].default + 1
 
 
 def accuracy(tf, model, trees, vocabulary, batch_size):
@@ -140,13 +148,13 @@ def main(argv=None):
     print(f"SST {'binary' if binary else 'fine-grained'}: {len(train_trees)} "
           f"training trees, vocabulary {len(vocabulary)}, batch "
           f"{arguments.batch_size}, {arguments.steps} steps (first "
-          f"{arguments.collect + 1} untimed), depth {arguments.depth}, "
+          f"{untimed(arguments)} untimed), depth {arguments.depth}, "
           f"embedding {arguments.embedding}, hidden {arguments.hidden}, "
           f"{arguments.threads} thread(s)")
 
-    if arguments.steps <= arguments.collect + 1:
-        raise SystemExit(f"--steps must exceed collect + 1 = {arguments.collect + 1} "
-                         "(those minibatches are not timed)")
+    if arguments.steps <= untimed(arguments):
+        raise SystemExit(f"--steps must exceed collect + compile + 1 = "
+                         f"{untimed(arguments)} (those minibatches are not timed)")
     names = list(BACKENDS) if arguments.backend == "all" else [arguments.backend]
     results, statistics = {}, {}
     for name in names:
