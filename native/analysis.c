@@ -121,9 +121,11 @@ scope_leftovers(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!:scope_leftovers", &PyList_Type, &recorded,
                           &PySet_Type, &swallowed))
         return NULL;
-    /* Dropping a node runs no Python code (nodes and their fields are
-     * plain values), but it may shrink nothing: the list keeps its size. */
+    /* Dropping a node frees plain values, but a weakref callback on a
+     * node could run Python code: the size is checked at every step. */
     for (Py_ssize_t i = PyList_GET_SIZE(recorded) - 1; i >= 0; i--) {
+        if (i >= PyList_GET_SIZE(recorded))
+            continue;   /* a weakref callback of a freed node shrank it */
         PyObject *item = PyList_GET_ITEM(recorded, i);
         if (Py_IS_TYPE(item, node_type) && Py_REFCNT(item) == 1) {
             PyList_SET_ITEM(recorded, i, Py_NewRef(Py_None));

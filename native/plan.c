@@ -393,6 +393,10 @@ kinds_read(PyObject *list, Py_ssize_t buffer_count, Py_ssize_t *count)
     for (Py_ssize_t k = 0; k < *count; k++) {
         PyObject *rows, *outputs;
         int multi;
+        if (!PyTuple_Check(PyList_GET_ITEM(list, k))) {
+            PyErr_SetString(PyExc_TypeError, "a kind is a tuple");
+            goto fail;
+        }
         if (!PyArg_ParseTuple(PyList_GET_ITEM(list, k), "O!O!p;a kind is "
                               "(rows, outputs, multi_output)", &PyTuple_Type,
                               &rows, &PyTuple_Type, &outputs, &multi))
@@ -410,6 +414,10 @@ kinds_read(PyObject *list, Py_ssize_t buffer_count, Py_ssize_t *count)
             goto fail;
         }
         for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
+            if (!PyTuple_Check(PyTuple_GET_ITEM(rows, p))) {
+                PyErr_SetString(PyExc_TypeError, "a kind's rows are tuples");
+                goto fail;
+            }
             if (!PyArg_ParseTuple(PyTuple_GET_ITEM(rows, p), "nn;a kind's rows are "
                                   "(position, buffer) pairs", &kind->positions[p],
                                   &kind->operand_buffers[p]))
@@ -837,10 +845,11 @@ write_back(PyObject *module, PyObject *args)
             Py_XSETREF(node->batch, batch);
             Py_XSETREF(node->batch_row, batch_row);
         }
-        Py_XSETREF(node->inputs, PyTuple_New(0));
-        Py_XSETREF(node->site, Py_NewRef(Py_None));
-        if (node->inputs == NULL)
+        PyObject *no_inputs = PyTuple_New(0);
+        if (no_inputs == NULL)
             goto fail;
+        Py_XSETREF(node->inputs, no_inputs);
+        Py_XSETREF(node->site, Py_NewRef(Py_None));
         if (node->consumers == 0 && node->batch != Py_None
                 && PyList_Append(results, (PyObject *)node) < 0)
             goto fail;

@@ -271,6 +271,8 @@ def test_fill_of_bad_input_raises_clean_errors():
             (4, [[]] * count, ValueError),                # operands missing
             (6, [5] * len(graph.signatures), ValueError),  # a kind out of range
             (7, [("no",)], TypeError),
+            (7, [[(), (0,), False]] * 5, TypeError),            # a kind not a tuple
+            (7, [([0, 1], (0,), False)] * 5, TypeError),
             (7, [((( 0, 99),), (0,), False)] * 5, ValueError),   # a buffer out of range
             (8, [0] * len(arguments[8]), ValueError),     # computed disagrees
             (9, object(), TypeError)]:
