@@ -3,6 +3,7 @@
  *
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
  * - scope_leftovers: what a closing scope still has to evaluate.
+ * - search_roots: where the pattern search starts.
  * - depths, agenda_schedule, depth_schedule: the schedulers' integer work
  *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
  * - describe_graph: BatchGraph's loop (types, duplicates, operands,
@@ -100,6 +101,55 @@ done:
     PyMem_Free(stack.items);
     PyMem_Free(found.items);
     idset_free(&seen);
+    Py_DECREF(given);
+    return result;
+}
+
+/* -- the pattern search's roots ---------------------------------------------- */
+
+PyDoc_STRVAR(search_roots_doc,
+"search_roots(targets, required_ids)\n--\n\n"
+"The roots of a pattern search (search.py): the unevaluated VirtualNodes\n"
+"among ``targets`` that nothing consumes or whose id is in the set\n"
+"``required_ids``, each once, in recording (id) order.");
+
+static PyObject *
+search_roots(PyObject *module, PyObject *args)
+{
+    PyObject *targets, *required;
+    if (!PyArg_ParseTuple(args, "OO!:search_roots", &targets, &PySet_Type, &required))
+        return NULL;
+    PyObject *given = PySequence_Fast(targets, "search_roots() takes an iterable of nodes");
+    if (given == NULL)
+        return NULL;
+    PtrArray found = {0};
+    PyObject *result = NULL;
+    int any_required = PySet_GET_SIZE(required) > 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(given); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(given, i);
+        if (!Py_IS_TYPE(item, node_type) || !unevaluated((Node *)item))
+            continue;
+        int wanted = ((Node *)item)->consumers == 0;
+        if (!wanted && any_required) {
+            PyObject *id = PyLong_FromLongLong(((Node *)item)->id);
+            wanted = id == NULL ? -1 : PySet_Contains(required, id);
+            Py_XDECREF(id);
+            if (wanted < 0)
+                goto done;
+        }
+        if (wanted && ptr_push(&found, item) < 0)
+            goto done;
+    }
+    qsort(found.items, found.size, sizeof(void *), by_id);
+    result = PyList_New(0);
+    for (Py_ssize_t i = 0; result != NULL && i < found.size; i++) {
+        if (i > 0 && found.items[i] == found.items[i - 1])
+            continue;   /* given twice */
+        if (PyList_Append(result, (PyObject *)found.items[i]) < 0)
+            Py_CLEAR(result);
+    }
+done:
+    PyMem_Free(found.items);
     Py_DECREF(given);
     return result;
 }
@@ -1074,6 +1124,7 @@ static PyMethodDef analysis_methods[] = {
     {"unevaluated_ancestors", unevaluated_ancestors, METH_O,
      unevaluated_ancestors_doc},
     {"scope_leftovers", scope_leftovers, METH_VARARGS, scope_leftovers_doc},
+    {"search_roots", search_roots, METH_VARARGS, search_roots_doc},
     {"depths", depths, METH_VARARGS, depths_doc},
     {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
     {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},

@@ -85,10 +85,8 @@ class PatternSearch:
         required = {node.id for node in required if type(node) is VirtualNode}
         # Roots: what nothing else consumes, and what the caller asked for.
         # Only targets can be roots: every other node feeds one.
-        roots = sorted({node.id: node for node in targets if type(node) is VirtualNode
-                        and not node.evaluated
-                        and (not node.consumers or node.id in required)}.values(),
-                       key=_node_id)
+        # (In C: a scope's targets are everything recorded in it.)
+        roots = _native.search_roots(targets, required)
         signer = Signer(level, for_patterns=True, required=required)
         if context.patterns is None:  # stage 1
             self._collect(roots, signer, depth)
@@ -249,10 +247,6 @@ class Trial:
         self.timed += 1
         self.timing = (unit, now, nodes)
         return unit
-
-
-def _node_id(node):
-    return node.id
 
 
 def _row_kind(row):

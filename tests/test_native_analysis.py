@@ -325,6 +325,31 @@ def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowe
             _native.scope_leftovers(*bad)
 
 
+def reference_search_roots(targets, required):
+    return sorted({node.id: node for node in targets if type(node) is VirtualNode
+                   and not node.evaluated
+                   and (not node.consumers or node.id in required)}.values(),
+                  key=lambda node: node.id)
+
+
+@settings(max_examples=50, deadline=None)
+@given(random_dags(), st.data())
+def test_search_roots_match_the_reference(dag, data):
+    nodes, targets = dag
+    chosen = data.draw(st.lists(st.sampled_from(nodes), max_size=len(nodes))
+                       if nodes else st.just([]))
+    given_targets = list(targets) + chosen + chosen[:2] + ["a value", 3]
+    for node in nodes:
+        node.consumers = sum(node is operand for other in nodes for operand in other.inputs)
+    required = {node.id for node in chosen[::2]}
+    assert _native.search_roots(given_targets, required) == \
+        reference_search_roots(given_targets, required)
+    with pytest.raises(TypeError):
+        _native.search_roots(given_targets, list(required))
+    with pytest.raises(TypeError):
+        _native.search_roots(5, set())
+
+
 # -- BatchGraph -----------------------------------------------------------------
 
 class ReferenceGraph:
