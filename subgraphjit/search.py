@@ -27,6 +27,10 @@ that makes neither wait: one launch per cell instead of two.
 An *input* (the unit of ``freq``) is one root of an evaluated DAG: a node
 nothing else consumes.  When one loss sums a whole minibatch, the minibatch
 is one input.
+
+With granularity ``auto`` (the default), patterns are collected as above,
+then ``Trial`` times minibatches with and without them and keeps whichever
+unit is faster, for training and for inference apart.
 """
 
 import collections
