@@ -20,15 +20,6 @@
 /* Node ids seen: an IdSet (containers.h); the Python version keyed its ``found``
  * dict by id too. */
 
-/* Unevaluated: no value yet, neither its own nor a row of a batch.  A field
- * deleted from Python (NULL) is not None, so such a node counts as evaluated
- * and is never read further. */
-static int
-unevaluated(Node *node)
-{
-    return node->result == Py_None && node->batch == Py_None;
-}
-
 static int
 by_id(const void *a, const void *b)
 {

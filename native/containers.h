@@ -43,17 +43,28 @@ typedef struct {
     Py_ssize_t size, capacity;
 } IntArray;
 
+/* ``value`` as an int32 in ``*out``, or OverflowError. */
 static inline int
-int_push(IntArray *array, Py_ssize_t value)
+as_int32(Py_ssize_t value, int *out)
 {
     if (value > 2147483647 || value < -2147483647) {
         PyErr_SetString(PyExc_OverflowError, "an index exceeds int32");
         return -1;
     }
+    *out = (int)value;
+    return 0;
+}
+
+static inline int
+int_push(IntArray *array, Py_ssize_t value)
+{
+    int item;
+    if (as_int32(value, &item) < 0)
+        return -1;
     if (array->size == array->capacity
             && array_grow((void **)&array->items, &array->capacity, sizeof(int)) < 0)
         return -1;
-    array->items[array->size++] = (int)value;
+    array->items[array->size++] = item;
     return 0;
 }
 

@@ -10,18 +10,6 @@ static PyObject *str_row, *str_pattern, *str_output, *str_argument;
 /* Row kinds row_kind gives (bits). */
 enum { MULTI_OUTPUT = 1, PRODUCER = 2 };
 
-static int
-evaluated(Node *node)
-{
-    return node->result != Py_None || node->batch != Py_None;
-}
-
-static int
-is_node(PyObject *object)
-{
-    return Py_IS_TYPE(object, node_type);
-}
-
 /* row_kind(row), cached per row for the call. */
 static int
 kind_of_row(PyObject *row, PyObject *row_kind, PyObject *cache)
@@ -75,34 +63,15 @@ latest_producer(Node *node, PyObject *access_row, PyObject *row_kind,
 
 /* Is ``node`` an unevaluated ancestor of an argument of ``producer`` (so
  * ready before it)?  Ancestors have smaller ids, which bounds the walk; a
- * long one gives up (no).  The nodes seen are a hash set stamped with the
- * walk's number, so a walk starts with an empty set at no cost. */
+ * long one gives up (no).  The walk pops at most FEEDS_BUDGET nodes, so
+ * the nodes it has seen are few enough for a plain list. */
 #define FEEDS_BUDGET 64
-#define FEEDS_NODES 2048   /* more seen or stacked than this: "no" */
-#define SEEN_SLOTS 4096    /* at most half full */
-static Node *seen_nodes[SEEN_SLOTS];
-static unsigned long seen_walk[SEEN_SLOTS], walk_number;
-
-/* 1 if ``node`` was not seen in this walk (and now is), else 0. */
-static int
-first_sight(Node *node)
-{
-    size_t slot = (((size_t)node >> 4) * 0x9E3779B97F4A7C15ull) >> 52;
-    while (seen_walk[slot] == walk_number && seen_nodes[slot] != node)
-        slot = (slot + 1) & (SEEN_SLOTS - 1);
-    if (seen_walk[slot] == walk_number)
-        return 0;
-    seen_walk[slot] = walk_number;
-    seen_nodes[slot] = node;
-    return 1;
-}
-
+#define FEEDS_NODES 1024   /* more seen or stacked than this: "no" */
 static int
 feeds(Node *node, Node *producer)
 {
-    Node *stack[FEEDS_NODES];
+    Node *stack[FEEDS_NODES], *seen[FEEDS_NODES];
     Py_ssize_t depth = 0, seen_count = 0, budget = FEEDS_BUDGET;
-    walk_number++;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(producer->inputs); i++) {
         PyObject *operand = PyTuple_GET_ITEM(producer->inputs, i);
         if (is_node(operand) && ((Node *)operand)->id > node->id && depth < FEEDS_NODES)
@@ -118,13 +87,16 @@ feeds(Node *node, Node *producer)
             if (operand == (PyObject *)node)
                 return 1;
             if (!is_node(operand) || ((Node *)operand)->id <= node->id
-                    || evaluated((Node *)operand))
+                    || !unevaluated((Node *)operand))
+                continue;
+            int known = 0;
+            for (Py_ssize_t k = 0; k < seen_count && !known; k++)
+                known = seen[k] == (Node *)operand;
+            if (known)
                 continue;
             if (seen_count == FEEDS_NODES || depth == FEEDS_NODES)
                 return 0;   /* too far to tell: no */
-            if (!first_sight((Node *)operand))
-                continue;
-            seen_count++;
+            seen[seen_count++] = (Node *)operand;
             stack[depth++] = (Node *)operand;
         }
     }
@@ -163,7 +135,7 @@ wiring_of(Node *consumer, Node *producer, PyObject *access_row, PyObject *extras
             while (place < arguments && PyTuple_GET_ITEM(producer->inputs, place) != operand)
                 place++;
             if (place == arguments) {
-                if (is_node(operand) && !evaluated((Node *)operand)
+                if (is_node(operand) && unevaluated((Node *)operand)
                         && !feeds((Node *)operand, producer)) {
                     Py_DECREF(wiring);
                     Py_RETURN_NONE;

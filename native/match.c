@@ -450,8 +450,6 @@ operand_at(Node *node, Py_ssize_t position)
            ? PySequence_Fast_GET_ITEM(inputs, position) : NULL;
 }
 
-#define IS_NODE(object) Py_IS_TYPE((object), node_type)
-
 /* Kept outside any pattern but as its root or input (thesis 5.5)? */
 static inline int
 outside(Labels *labels, Node *node)
@@ -468,7 +466,7 @@ has_value_operand(Labels *labels, Node *node)
     Py_ssize_t count = inputs == NULL ? 0 : PySequence_Fast_GET_SIZE(inputs);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *operand = PySequence_Fast_GET_ITEM(inputs, i);
-        if (IS_NODE(operand) || PyLong_CheckExact(operand)
+        if (is_node(operand) || PyLong_CheckExact(operand)
                 || PyFloat_CheckExact(operand) || PyBool_Check(operand))
             continue;
         Py_INCREF(inputs);  /* the kind's callback may replace the inputs */
@@ -601,7 +599,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
         }
         case CHILD: {
             PyObject *operand = operand_at(node, in->number);
-            if (operand == NULL || !IS_NODE(operand))
+            if (operand == NULL || !is_node(operand))
                 return 0;
             run->reg[in->target] = hold(run, operand);
             break;
@@ -610,7 +608,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
         case CONSTANT:
         case LABEL: {
             PyObject *operand = operand_at(node, in->number);
-            if (operand == NULL || IS_NODE(operand))
+            if (operand == NULL || is_node(operand))
                 return 0;
             hold(run, operand);
             if (in->code == IDENTITY) {
@@ -643,7 +641,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
             if (node->row == in->row) {
                 PyObject *source = operand_at(node, 0);
                 if (source != NULL) {
-                    if (!IS_NODE(source))
+                    if (!is_node(source))
                         return 0;
                     Node *inner = (Node *)source;
                     if (seen(run, inner->id))
@@ -678,7 +676,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
                     || PyTuple_GET_SIZE(attrs) == 0)
                 return 0;
             PyObject *source = operand_at(node, 0);
-            if (source == NULL || !IS_NODE(source))
+            if (source == NULL || !is_node(source))
                 return 0;
             hold(run, attrs);
             hold(run, source);
@@ -728,7 +726,7 @@ match(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OO:match", program_type, &program, &root,
                           &given))
         return NULL;
-    if (!IS_NODE(root)) {
+    if (!is_node(root)) {
         PyErr_Format(PyExc_TypeError, "match(): the root must be a "
                      "VirtualNode, not %.100s", Py_TYPE(root)->tp_name);
         return NULL;
@@ -816,9 +814,7 @@ enqueue(PyObject *operands, int unevaluated_only, IdSet *ids,
     Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *operand = PySequence_Fast_GET_ITEM(operands, i);
-        if (!IS_NODE(operand) || (unevaluated_only
-                && (((Node *)operand)->result != Py_None
-                    || ((Node *)operand)->batch != Py_None)))
+        if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
         int added = idset_add(ids, ((Node *)operand)->id);
         if (added < 0 || (added && ptr_push(reached, operand) < 0))
@@ -973,7 +969,7 @@ replace(PyObject *module, PyObject *args)
         goto done;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_list); i++) {
         PyObject *root = PySequence_Fast_GET_ITEM(root_list, i);
-        if (!IS_NODE(root)) {
+        if (!is_node(root)) {
             PyErr_Format(PyExc_TypeError, "replace(): root %zd is a %.100s, "
                          "not a VirtualNode", i, Py_TYPE(root)->tp_name);
             goto done;

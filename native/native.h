@@ -36,6 +36,21 @@ typedef struct Node {
 } Node;
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
+
+static inline int
+is_node(PyObject *object)
+{
+    return Py_IS_TYPE(object, node_type);
+}
+
+/* Unevaluated: no value yet, neither its own nor a row of a batch.  A field
+ * deleted from Python (NULL) is not None, so such a node counts as
+ * evaluated and is never read further. */
+static inline int
+unevaluated(Node *node)
+{
+    return node->result == Py_None && node->batch == Py_None;
+}
 extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */
 
 /* _native.c: the spec of a non-empty list of Python ints (a new

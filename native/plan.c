@@ -98,10 +98,17 @@ node_operand_fields(PyObject *operand, Py_ssize_t count, Py_ssize_t *index,
  * specs (-1 for a single output, so that one output of a split into one
  * stays a list). */
 static Py_ssize_t
-outputs_of(Node *node)
+output_count(Node *node)
 {
     return node->spec != NULL && PyTuple_Check(node->spec)
         ? PyTuple_GET_SIZE(node->spec) : -1;
+}
+
+/* The slots a node with ``outputs`` (as output_count gives it) takes. */
+static Py_ssize_t
+slots_of(Py_ssize_t outputs)
+{
+    return outputs < 0 ? 1 : outputs;
 }
 
 /* An access node's output number (attrs[0]). */
@@ -138,6 +145,10 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
            PyObject *node_operand, PyObject *access_row)
 {
     memset(graph, 0, sizeof(*graph));
+    if (type_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
+        return -1;
+    }
     if (!PyList_Check(nodes) || !PyList_Check(operands)
             || PyList_GET_SIZE(operands) != PyList_GET_SIZE(nodes)) {
         PyErr_SetString(PyExc_ValueError,
@@ -205,17 +216,6 @@ int32_bytes(const int *items, Py_ssize_t count)
     return PyBytes_FromStringAndSize((const char *)items, count * (Py_ssize_t)sizeof(int));
 }
 
-static int
-as_int32(Py_ssize_t value, int *out)
-{
-    if (value > 2147483647 || value < -2147483647) {
-        PyErr_SetString(PyExc_OverflowError, "a program's index exceeds int32");
-        return -1;
-    }
-    *out = (int)value;
-    return 0;
-}
-
 /* -- which outputs some node reads ------------------------------------------ */
 
 PyDoc_STRVAR(read_outputs_doc,
@@ -235,10 +235,6 @@ read_outputs(PyObject *module, PyObject *args)
                           &duplicate_of, &operands, &type_count, &PySet_Type,
                           &required, &node_operand, &access_row))
         return NULL;
-    if (type_count < 0) {
-        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
-        return NULL;
-    }
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
                    node_operand, access_row) < 0)
@@ -258,8 +254,7 @@ read_outputs(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < graph.count; i++) {
         Py_ssize_t t = graph.type_of[i];
         if (t >= 0 && outputs[t] == 0) {
-            Py_ssize_t count = outputs_of(graph_node(&graph, i));
-            outputs[t] = count < 0 ? 1 : count;
+            outputs[t] = slots_of(output_count(graph_node(&graph, i)));
         }
     }
     offset[0] = 0;
@@ -471,10 +466,6 @@ fill(PyObject *module, PyObject *args)
                           &kind_of_type, &kind_list, &PyList_Type, &computed_list,
                           &node_operand, &access_row))
         return NULL;
-    if (type_count < 0) {
-        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
-        return NULL;
-    }
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
                    node_operand, access_row) < 0)
@@ -488,6 +479,7 @@ fill(PyObject *module, PyObject *args)
     Py_ssize_t pending_count = 0, pending_capacity = 0;
     int *where = NULL, *outputs = NULL;
     Py_ssize_t *computed = NULL, *filled = NULL;
+    Py_ssize_t *members = NULL, members_capacity = 0;   /* a batch's nodes */
     KindInfo *kinds = NULL;
     Py_ssize_t *kind_of = int_array(kind_of_type, type_count, -1, PY_SSIZE_T_MAX,
                                     "kind_of_type");
@@ -531,13 +523,24 @@ fill(PyObject *module, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "a batch must be a non-empty list");
             goto done;
         }
-        Py_ssize_t size = PyList_GET_SIZE(batch), first;
-        if (int_in(PyList_GET_ITEM(batch, 0), 0, count, "a batch's node", &first) < 0)
-            goto done;
-        Py_ssize_t node_type = graph.type_of[first];
+        /* The batch's nodes, checked once: in range, of one type. */
+        Py_ssize_t size = PyList_GET_SIZE(batch);
+        while (members_capacity < size)
+            if (array_grow((void **)&members, &members_capacity, sizeof(Py_ssize_t)) < 0)
+                goto done;
+        for (Py_ssize_t j = 0; j < size; j++) {
+            if (int_in(PyList_GET_ITEM(batch, j), 0, count, "a batch's node",
+                       &members[j]) < 0)
+                goto done;
+            if (graph.type_of[members[j]] != graph.type_of[members[0]]) {
+                PyErr_Format(PyExc_ValueError, "batch %zd mixes node types", s);
+                goto done;
+            }
+        }
+        Py_ssize_t node_type = graph.type_of[members[0]];
         Py_ssize_t kind_number = node_type < 0 ? -1 : kind_of[node_type];
         if (kind_number < 0 || kind_number >= kind_count) {
-            PyErr_Format(PyExc_ValueError, "node %zd of a batch has no kind", first);
+            PyErr_Format(PyExc_ValueError, "node %zd of a batch has no kind", members[0]);
             goto done;
         }
         KindInfo *kind = &kinds[kind_number];
@@ -548,13 +551,7 @@ fill(PyObject *module, PyObject *args)
         for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
             Py_ssize_t buffer = kind->operand_buffers[p];
             for (Py_ssize_t j = 0; j < size; j++) {
-                Py_ssize_t index;
-                if (int_in(PyList_GET_ITEM(batch, j), 0, count, "a batch's node", &index) < 0)
-                    goto done;
-                if (graph.type_of[index] != node_type) {
-                    PyErr_Format(PyExc_ValueError, "batch %zd mixes node types", s);
-                    goto done;
-                }
+                Py_ssize_t index = members[j];
                 PyObject *operand = operand_at(graph.operands, index, kind->positions[p]);
                 if (operand == NULL)
                     goto done;
@@ -574,7 +571,7 @@ fill(PyObject *module, PyObject *args)
                     if (source >= 0) {
                         Py_ssize_t slot = where[source];
                         if (slot >= 0 && pick >= 0) {
-                            if (pick >= (outputs[source] < 0 ? 1 : outputs[source])) {
+                            if (pick >= slots_of(outputs[source])) {
                                 PyErr_SetString(PyExc_ValueError, "an operand picks "
                                                 "an output its node lacks");
                                 goto done;
@@ -639,12 +636,7 @@ fill(PyObject *module, PyObject *args)
             filled[buffer] += size;
         }
         for (Py_ssize_t j = 0; j < size; j++) {
-            Py_ssize_t index = PyLong_AsSsize_t(PyList_GET_ITEM(batch, j));
-            if (index < 0 || index >= count) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "a batch's node is out of range");
-                goto done;
-            }
+            Py_ssize_t index = members[j];
             if (where[index] >= 0) {
                 PyErr_Format(PyExc_ValueError, "node %zd is in two batches", index);
                 goto done;
@@ -683,7 +675,7 @@ fill(PyObject *module, PyObject *args)
             Py_ssize_t original = graph.duplicate_of[source];
             if (where[original] < 0)
                 continue;
-            if (number >= (outputs[original] < 0 ? 1 : outputs[original])) {
+            if (number >= slots_of(outputs[original])) {
                 PyErr_SetString(PyExc_ValueError, "an access node picks an output "
                                 "its node lacks");
                 goto done;
@@ -722,6 +714,7 @@ done:
     PyMem_Free(rows.items);
     PyMem_Free(slots.items);
     PyMem_Free(pending);
+    PyMem_Free(members);
     PyMem_Free(where);
     PyMem_Free(outputs);
     PyMem_Free(computed);
@@ -779,7 +772,7 @@ write_back(PyObject *module, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t used = outputs[i] < 0 ? 1 : outputs[i];
+        Py_ssize_t used = slots_of(outputs[i]);
         if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), node_type)) {
             PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
             return NULL;

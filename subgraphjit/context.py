@@ -21,7 +21,6 @@ import dataclasses
 import difflib
 import gc
 import os
-import sys
 import time
 from typing import Any, Callable
 

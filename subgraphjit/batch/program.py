@@ -456,14 +456,13 @@ class _Compiled:
         # This program's shared values, in the compiled order: variables are
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
-        arguments = _Shared(program)
-        values = arguments.values
+        values = _Shared(program).values
         tensors = [value for value in values if not is_variable(value)]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
-        # gradient, as eagerly, not zeros.
+        # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
-                for number in _numbers(arguments.places[kind_number])}
+                for number in _numbers(self.shared.places[kind_number])}
         compiled = self
 
         @tf.custom_gradient
