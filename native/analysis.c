@@ -609,11 +609,18 @@ done:
 
 /* -- the BatchGraph's description ------------------------------------------- */
 
-/* Node id -> graph index, open addressing (BatchGraph's ``index_of``). */
+/* Node id -> graph index (BatchGraph's ``index_of``).  Ids increase in
+ * recording order, so a graph's ids usually fill most of their range: then
+ * the map is an array over the range, whose look-ups of recent operands hit
+ * the cache (a hash table's slots are random accesses: at 170,000 nodes,
+ * a cache miss per look-up).  Sparse ids fall back to open addressing. */
 typedef struct {
-    long long *keys;
+    long long low;        /* dense: the smallest id; ``dense`` covers span ids */
+    Py_ssize_t span;
+    Py_ssize_t *dense;    /* -1: not in the graph */
+    long long *keys;      /* sparse */
     Py_ssize_t *values;
-    size_t mask, count;
+    size_t mask;
 } IdMap;
 
 static size_t
@@ -625,10 +632,31 @@ idmap_slot(const IdMap *map, long long id)
     return slot;
 }
 
-/* Sized once for ``count`` entries at most half full: it never grows. */
+/* For the ``count`` nodes of ``nodes`` (a tuple of nodes); never grows. */
 static int
-idmap_init(IdMap *map, Py_ssize_t count)
+idmap_init(IdMap *map, PyObject *nodes)
 {
+    Py_ssize_t count = PyTuple_GET_SIZE(nodes);
+    long long low = 0, high = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long id = ((Node *)PyTuple_GET_ITEM(nodes, i))->id;
+        if (i == 0 || id < low)
+            low = id;
+        if (i == 0 || id > high)
+            high = id;
+    }
+    if (high - low < 4 * (long long)count + 64) {
+        map->low = low;
+        map->span = (Py_ssize_t)(high - low + 1);
+        map->dense = PyMem_New(Py_ssize_t, map->span + 1);
+        if (map->dense == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < map->span; i++)
+            map->dense[i] = -1;
+        return 0;
+    }
     size_t capacity = 64;
     while (capacity < 2 * (size_t)count + 2)
         capacity *= 2;
@@ -644,15 +672,30 @@ idmap_init(IdMap *map, Py_ssize_t count)
     return 0;
 }
 
+static void
+idmap_free(IdMap *map)
+{
+    PyMem_Free(map->dense);
+    PyMem_Free(map->keys);
+    PyMem_Free(map->values);
+}
+
 static Py_ssize_t
 idmap_get(const IdMap *map, long long id)
 {
+    if (map->dense != NULL)
+        return id >= map->low && id - map->low < map->span ? map->dense[id - map->low] : -1;
     return map->values[idmap_slot(map, id)];
 }
 
+/* ``id`` must be one of the nodes' the map was made for. */
 static void
 idmap_put(IdMap *map, long long id, Py_ssize_t value)
 {
+    if (map->dense != NULL) {
+        map->dense[id - map->low] = value;
+        return;
+    }
     size_t slot = idmap_slot(map, id);
     map->keys[slot] = id;
     map->values[slot] = value;
@@ -727,25 +770,516 @@ row_entry(Describe *d, PyObject *row)
     return stored < 0 ? NULL : entry;
 }
 
-static PyObject *
-tuple_of_index(Py_ssize_t index, PyObject *pick)
+/* A node's signature and identity are C values, compared and hashed here:
+ * the Python tuple of a signature (graph.signatures) is made once per type,
+ * not once per node, since allocating and freeing a handful of tuples per
+ * node was most of this loop's cost.  Equal means what it meant for those
+ * tuples: rows, specs and shared tensors by identity, numbers and value
+ * keys by ``==`` (an object equals itself). */
+
+/* One operand's part of the signature (a new reference each). */
+enum { PART_SPEC, PART_NUMBER, PART_SHARED };
+typedef struct {
+    int tag;
+    PyObject *object;   /* the Spec; the number; the tensor or variable */
+} Part;
+
+/* One operand's part of the identity: what makes two nodes of one type the
+ * same work.  ``object`` is a new reference (or NULL for IDENT_NONE). */
+enum { IDENT_NONE, IDENT_INDEX, IDENT_ADDRESS, IDENT_INTS, IDENT_KEY };
+typedef struct {
+    int tag;
+    Py_ssize_t index;   /* IDENT_INDEX: the operand's canonical index */
+    PyObject *object;   /* INDEX: the pick (None or an output number);
+                           ADDRESS: the node evaluated earlier; INTS: the
+                           list of ints; KEY: value_key's key */
+} Ident;
+
+typedef struct {
+    Part *items;
+    Py_ssize_t size, capacity;
+} PartArray;
+
+typedef struct {
+    Ident *items;
+    Py_ssize_t size, capacity;
+} IdentArray;
+
+static int
+part_push(PartArray *array, int tag, PyObject *object)
 {
-    PyObject *number = PyLong_FromSsize_t(index);
-    if (number == NULL)
-        return NULL;
-    PyObject *pair = PyTuple_Pack(2, number, pick);
-    Py_DECREF(number);
-    return pair;
+    if (array->size == array->capacity
+            && array_grow((void **)&array->items, &array->capacity, sizeof(Part)) < 0) {
+        Py_DECREF(object);
+        return -1;
+    }
+    array->items[array->size++] = (Part){tag, object};
+    return 0;
 }
 
-/* One scheduled node's operands, signature, identity and sources, as
- * BatchGraph._describe gave them; *shared gets the shared-operand flags. */
+static int
+ident_push(IdentArray *array, int tag, Py_ssize_t index, PyObject *object)
+{
+    if (array->size == array->capacity
+            && array_grow((void **)&array->items, &array->capacity, sizeof(Ident)) < 0) {
+        Py_XDECREF(object);
+        return -1;
+    }
+    array->items[array->size++] = (Ident){tag, index, object};
+    return 0;
+}
+
+/* Drop the references of the items from ``from`` on. */
+static void
+parts_release(PartArray *array, Py_ssize_t from)
+{
+    for (Py_ssize_t i = from; i < array->size; i++)
+        Py_DECREF(array->items[i].object);
+    array->size = from;
+}
+
+static void
+idents_release(IdentArray *array, Py_ssize_t from)
+{
+    for (Py_ssize_t i = from; i < array->size; i++)
+        Py_XDECREF(array->items[i].object);
+    array->size = from;
+}
+
+static inline Py_uhash_t
+mix(Py_uhash_t hash, Py_uhash_t value)
+{
+    return (hash ^ value) * 0x100000001B3ull + (hash >> 29);
+}
+
+/* A table slot from a hash: MurmurHash3's finalizer, so that every bit of
+ * the hash moves the slot (mix alone leaves runs of near slots). */
+static inline size_t
+slot_of(Py_uhash_t hash, size_t mask)
+{
+    hash ^= hash >> 33;
+    hash *= 0xFF51AFD7ED558CCDull;
+    hash ^= hash >> 33;
+    hash *= 0xC4CEB9FE1A85EC53ull;
+    hash ^= hash >> 33;
+    return (size_t)hash & mask;
+}
+
+static inline Py_uhash_t
+pointer_hash(const void *pointer)
+{
+    return (Py_uhash_t)(uintptr_t)pointer * 0x9E3779B97F4A7C15ull;
+}
+
+/* -1 on error (Python's hash never gives -1). */
+static Py_hash_t
+checked_hash(PyObject *object)
+{
+    return PyObject_Hash(object);
+}
+
+static int
+part_hash(const Part *part, Py_uhash_t *hash)
+{
+    if (part->tag != PART_NUMBER) {
+        *hash = mix(*hash, pointer_hash(part->object) + (Py_uhash_t)part->tag);
+        return 0;
+    }
+    Py_hash_t value = checked_hash(part->object);
+    if (value == -1)
+        return -1;
+    *hash = mix(mix(*hash, pointer_hash(Py_TYPE(part->object))), (Py_uhash_t)value);
+    return 0;
+}
+
+/* 1 equal, 0 not, -1 error. */
+static int
+part_equal(const Part *a, const Part *b)
+{
+    if (a->tag != b->tag)
+        return 0;
+    if (a->tag != PART_NUMBER || a->object == b->object)
+        return a->object == b->object;
+    if (Py_TYPE(a->object) != Py_TYPE(b->object))
+        return 0;
+    return PyObject_RichCompareBool(a->object, b->object, Py_EQ);
+}
+
+static int
+ident_hash(const Ident *ident, Py_uhash_t *hash)
+{
+    Py_hash_t value = 0;
+    switch (ident->tag) {
+    case IDENT_NONE:
+        break;
+    case IDENT_ADDRESS:
+        value = (Py_hash_t)pointer_hash(ident->object);
+        break;
+    case IDENT_INDEX:
+        value = ident->object == Py_None ? 0 : checked_hash(ident->object);
+        if (value == -1)
+            return -1;
+        value = (Py_hash_t)mix((Py_uhash_t)value, (Py_uhash_t)ident->index);
+        break;
+    case IDENT_INTS: {   /* a list: hashed by its items, as its tuple was */
+        Py_uhash_t items = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ident->object); i++) {
+            Py_hash_t item = checked_hash(PyList_GET_ITEM(ident->object, i));
+            if (item == -1)
+                return -1;
+            items = mix(items, (Py_uhash_t)item);
+        }
+        value = (Py_hash_t)items;
+        break;
+    }
+    default:
+        value = checked_hash(ident->object);
+        if (value == -1)
+            return -1;
+    }
+    *hash = mix(mix(*hash, (Py_uhash_t)ident->tag), (Py_uhash_t)value);
+    return 0;
+}
+
+static int
+ident_equal(const Ident *a, const Ident *b)
+{
+    if (a->tag != b->tag)
+        return 0;
+    switch (a->tag) {
+    case IDENT_NONE:
+        return 1;
+    case IDENT_ADDRESS:
+        return a->object == b->object;
+    case IDENT_INDEX:
+        if (a->index != b->index)
+            return 0;
+        /* fall through: the picks */
+    default:
+        return PyObject_RichCompareBool(a->object, b->object, Py_EQ);
+    }
+}
+
+/* Open-addressing slots (entry numbers, -1 empty), sized once for
+ * ``count`` entries at most half full. */
+typedef struct {
+    int *slots;   /* int32: half the memory to miss in */
+    size_t mask;
+} Slots;
+
+static int
+slots_init(Slots *slots, Py_ssize_t count)
+{
+    size_t capacity = 64;
+    while (capacity < 2 * (size_t)count + 2)
+        capacity *= 2;
+    if (count > 1000000000) {
+        PyErr_SetString(PyExc_OverflowError, "too many nodes for one graph");
+        return -1;
+    }
+    slots->mask = capacity - 1;
+    slots->slots = PyMem_New(int, capacity);
+    if (slots->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < capacity; i++)
+        slots->slots[i] = -1;
+    return 0;
+}
+
+/* The types seen: per type, its representative's row and attrs, and its
+ * parts (in ``parts``, from ``first``).  References held. */
+typedef struct {
+    PyObject *row, *attrs;
+    Py_uhash_t hash;
+    Py_ssize_t first, count;
+} TypeEntry;
+
+typedef struct {
+    TypeEntry *items;
+    Py_ssize_t size, capacity;
+    PartArray parts;
+    Slots slots;
+} TypeTable;
+
+/* The work seen: per node that does work of its own, its type and its
+ * identity (in ``idents``, from ``first``).  Two nodes do the same work
+ * only if they read the same in-graph operands, so an entry whose identity
+ * names one is found through its newest such operand: a chain per operand
+ * (``chain``, by graph index), whose nodes were described recently and are
+ * in the cache.  Entries without one, and those past CHAIN_LIMIT on a
+ * chain (a node read by thousands of different ops), are in the hash
+ * table (``slots``). */
+#define CHAIN_LIMIT 16
+
+typedef struct {
+    Py_uhash_t hash;
+    Py_ssize_t type, index, first, count;
+    int next;   /* the next older entry on its chain, or -1 */
+} WorkEntry;
+
+typedef struct {
+    WorkEntry *items;
+    Py_ssize_t size;
+    IdentArray idents;
+    Slots slots;
+    int *chain;          /* per graph index: the newest entry naming it, or -1 */
+    int *chain_length;   /* ... and how many entries its chain holds */
+} WorkTable;
+
+static void
+type_table_free(TypeTable *types)
+{
+    for (Py_ssize_t t = 0; t < types->size; t++) {
+        Py_DECREF(types->items[t].row);
+        Py_DECREF(types->items[t].attrs);
+    }
+    parts_release(&types->parts, 0);
+    PyMem_Free(types->parts.items);
+    PyMem_Free(types->items);
+    PyMem_Free(types->slots.slots);
+}
+
+static int
+work_table_init(WorkTable *work, Py_ssize_t count)
+{
+    work->items = PyMem_New(WorkEntry, count + 1);
+    work->chain = PyMem_New(int, count + 1);
+    work->chain_length = PyMem_Calloc(count + 1, sizeof(int));
+    if (work->items == NULL || work->chain == NULL || work->chain_length == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        work->chain[i] = -1;
+    return slots_init(&work->slots, count);
+}
+
+static void
+work_table_free(WorkTable *work)
+{
+    PyMem_Free(work->chain);
+    PyMem_Free(work->chain_length);
+    idents_release(&work->idents, 0);
+    PyMem_Free(work->idents.items);
+    PyMem_Free(work->items);
+    PyMem_Free(work->slots.slots);
+}
+
+/* The signature's hash: row, attrs (with their types), parts. */
+static int
+signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
+{
+    Py_hash_t attrs = checked_hash(node->attrs);
+    if (attrs == -1)
+        return -1;
+    *hash = mix(pointer_hash(node->row), (Py_uhash_t)attrs);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(node->attrs); i++)
+        *hash = mix(*hash, pointer_hash(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
+    for (Py_ssize_t i = 0; i < parts->size; i++) {
+        if (part_hash(&parts->items[i], hash) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int
+same_signature(const TypeTable *types, const TypeEntry *entry, Node *node,
+               const PartArray *parts)
+{
+    if (entry->row != node->row || entry->count != parts->size)
+        return 0;
+    Py_ssize_t attr_count = PyTuple_GET_SIZE(node->attrs);
+    if (PyTuple_GET_SIZE(entry->attrs) != attr_count)
+        return 0;
+    for (Py_ssize_t i = 0; i < attr_count; i++) {
+        if (Py_TYPE(PyTuple_GET_ITEM(entry->attrs, i))
+                != Py_TYPE(PyTuple_GET_ITEM(node->attrs, i)))
+            return 0;
+    }
+    int equal = PyObject_RichCompareBool(entry->attrs, node->attrs, Py_EQ);
+    for (Py_ssize_t i = 0; equal == 1 && i < parts->size; i++)
+        equal = part_equal(&types->parts.items[entry->first + i], &parts->items[i]);
+    return equal;
+}
+
+/* The signature tuple BatchGraph gives (row, attrs, attr types, a part per
+ * operand) and the shared-operand flags, for a new type. */
+static int
+signature_tuples(Describe *d, Node *node, const PartArray *parts,
+                 PyObject **signature_out, PyObject **shared_out)
+{
+    Py_ssize_t attr_count = PyTuple_GET_SIZE(node->attrs);
+    PyObject *signature = PyTuple_New(3 + parts->size);
+    PyObject *shared = PyTuple_New(parts->size);
+    PyObject *types = PyTuple_New(attr_count);
+    if (signature == NULL || shared == NULL || types == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < attr_count; i++)
+        PyTuple_SET_ITEM(types, i, Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
+    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->row));
+    PyTuple_SET_ITEM(signature, 1, Py_NewRef(node->attrs));
+    PyTuple_SET_ITEM(signature, 2, types);
+    types = NULL;
+    for (Py_ssize_t i = 0; i < parts->size; i++) {
+        const Part *part = &parts->items[i];
+        PyObject *item;
+        if (part->tag == PART_SPEC)
+            item = Py_NewRef(part->object);
+        else if (part->tag == PART_NUMBER)   /* a constant such as 0.5: by value */
+            item = PyTuple_Pack(2, (PyObject *)Py_TYPE(part->object), part->object);
+        else {
+            PyObject *address = PyLong_FromVoidPtr(part->object);
+            item = address == NULL ? NULL : PyTuple_Pack(2, d->str_shared, address);
+            Py_XDECREF(address);
+        }
+        if (item == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(signature, 3 + i, item);
+        PyTuple_SET_ITEM(shared, i, Py_NewRef(part->tag == PART_SPEC ? Py_False : Py_True));
+    }
+    *signature_out = signature;
+    *shared_out = shared;
+    return 0;
+fail:
+    Py_XDECREF(signature);
+    Py_XDECREF(shared);
+    Py_XDECREF(types);
+    return -1;
+}
+
+/* The type of a node whose parts are ``parts`` (taken: the table keeps
+ * them or they are released), adding a new type to the table and to
+ * ``signatures`` / ``shared_operand``. */
+static Py_ssize_t
+intern_type(Describe *d, TypeTable *types, Node *node, PartArray *parts,
+            PyObject *signatures, PyObject *shared_operand)
+{
+    Py_uhash_t hash;
+    if (signature_hash(node, parts, &hash) < 0)
+        return -1;
+    size_t slot = slot_of(hash, types->slots.mask);
+    Py_ssize_t found;
+    while ((found = types->slots.slots[slot]) >= 0) {
+        const TypeEntry *entry = &types->items[found];
+        if (entry->hash == hash) {
+            int equal = same_signature(types, entry, node, parts);
+            if (equal < 0)
+                return -1;
+            if (equal) {
+                parts_release(parts, 0);
+                return found;
+            }
+        }
+        slot = (slot + 1) & types->slots.mask;
+    }
+    PyObject *signature, *shared;
+    if (signature_tuples(d, node, parts, &signature, &shared) < 0)
+        return -1;
+    int failed = PyList_Append(signatures, signature) < 0
+        || PyList_Append(shared_operand, shared) < 0;
+    Py_DECREF(signature);
+    Py_DECREF(shared);
+    if (failed)
+        return -1;
+    if (types->size == types->capacity
+            && array_grow((void **)&types->items, &types->capacity, sizeof(TypeEntry)) < 0)
+        return -1;
+    Py_ssize_t first = types->parts.size;
+    for (Py_ssize_t i = 0; i < parts->size; i++) {
+        if (types->parts.size == types->parts.capacity
+                && array_grow((void **)&types->parts.items, &types->parts.capacity,
+                              sizeof(Part)) < 0) {
+            parts_release(&types->parts, first);
+            return -1;
+        }
+        types->parts.items[types->parts.size++] = parts->items[i];
+    }
+    parts->size = 0;   /* the references are the table's now */
+    types->items[types->size] = (TypeEntry){Py_NewRef(node->row), Py_NewRef(node->attrs),
+                                            hash, first, types->parts.size - first};
+    types->slots.slots[slot] = (int)types->size;
+    return types->size++;
+}
+
+/* 1 if entry ``found`` is of type ``type`` with identity ``idents``. */
+static int
+same_entry(const WorkTable *work, Py_ssize_t found, Py_uhash_t hash, Py_ssize_t type,
+           const IdentArray *idents)
+{
+    const WorkEntry *entry = &work->items[found];
+    if (entry->hash != hash || entry->type != type || entry->count != idents->size)
+        return 0;
+    int equal = 1;
+    for (Py_ssize_t i = 0; equal == 1 && i < idents->size; i++)
+        equal = ident_equal(&work->idents.items[entry->first + i], &idents->items[i]);
+    return equal;
+}
+
+/* The node whose work node ``index`` (of type ``type``, identity
+ * ``idents``: taken) repeats, or ``index`` itself, recorded as seen. */
+static Py_ssize_t
+same_work(WorkTable *work, Py_ssize_t type, Py_ssize_t index, IdentArray *idents)
+{
+    Py_uhash_t hash = pointer_hash((void *)(uintptr_t)(type + 1));
+    Py_ssize_t newest = -1;   /* the newest in-graph operand */
+    for (Py_ssize_t i = 0; i < idents->size; i++) {
+        if (ident_hash(&idents->items[i], &hash) < 0)
+            return -1;
+        if (idents->items[i].tag == IDENT_INDEX && idents->items[i].index > newest)
+            newest = idents->items[i].index;
+    }
+    int equal = 0;
+    int found = newest < 0 ? -1 : work->chain[newest];
+    for (; found >= 0 && !equal; found = equal ? found : work->items[found].next)
+        equal = same_entry(work, found, hash, type, idents);
+    size_t slot = 0;
+    if (!equal && (newest < 0 || work->chain_length[newest] >= CHAIN_LIMIT)) {
+        slot = slot_of(hash, work->slots.mask);
+        while (!equal && (found = work->slots.slots[slot]) >= 0) {
+            equal = same_entry(work, found, hash, type, idents);
+            if (!equal)
+                slot = (slot + 1) & work->slots.mask;
+        }
+    }
+    if (equal < 0)
+        return -1;
+    if (equal) {
+        idents_release(idents, 0);
+        return work->items[found].index;
+    }
+    Py_ssize_t first = work->idents.size;
+    for (Py_ssize_t i = 0; i < idents->size; i++) {
+        if (work->idents.size == work->idents.capacity
+                && array_grow((void **)&work->idents.items, &work->idents.capacity,
+                              sizeof(Ident)) < 0) {
+            idents_release(&work->idents, first);
+            return -1;
+        }
+        work->idents.items[work->idents.size++] = idents->items[i];
+    }
+    idents->size = 0;   /* the table's now */
+    WorkEntry *entry = &work->items[work->size];
+    *entry = (WorkEntry){hash, type, index, first, work->idents.size - first, -1};
+    if (newest >= 0 && work->chain_length[newest] < CHAIN_LIMIT) {
+        entry->next = work->chain[newest];
+        work->chain[newest] = (int)work->size;
+        work->chain_length[newest]++;
+    }
+    else
+        work->slots.slots[slot] = (int)work->size;
+    work->size++;
+    return index;
+}
+
+/* One scheduled node's operands and sources, and its signature's parts and
+ * identity (appended to ``parts`` and ``idents``, which start empty). */
 static int
 describe_node(Describe *d, Node *node, const IdMap *index_of,
               const Py_ssize_t *duplicate_of, PyObject *index_positions,
-              PyObject **operands_out, PyObject **signature_out,
-              PyObject **identity_out, PyObject **sources_out,
-              PyObject **shared_out)
+              PartArray *parts, IdentArray *idents,
+              PyObject **operands_out, PyObject **sources_out)
 {
     PyObject *inputs = node->inputs, *attrs = node->attrs;
     if (inputs == NULL || !PyTuple_Check(inputs) || attrs == NULL
@@ -757,29 +1291,18 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
     /* Held: the callbacks below run Python code. */
     Py_INCREF(inputs);
     Py_INCREF(attrs);
-    Py_ssize_t count = PyTuple_GET_SIZE(inputs), attr_count = PyTuple_GET_SIZE(attrs);
+    Py_ssize_t count = PyTuple_GET_SIZE(inputs);
     PyObject *operands = PyList_New(count);
-    PyObject *signature = PyTuple_New(3 + count);
-    PyObject *identity = PyTuple_New(count);
-    PyObject *shared = PyTuple_New(count);
-    PyObject *types = PyTuple_New(attr_count);
     Py_ssize_t *sources = PyMem_New(Py_ssize_t, count + 1), source_count = 0;
-    if (operands == NULL || signature == NULL || identity == NULL
-            || shared == NULL || types == NULL || sources == NULL) {
-        Py_XDECREF(types);
+    if (operands == NULL || sources == NULL) {
         if (sources == NULL)
             PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t i = 0; i < attr_count; i++)
-        PyTuple_SET_ITEM(types, i, Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(attrs, i))));
-    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->row));
-    PyTuple_SET_ITEM(signature, 1, Py_NewRef(attrs));
-    PyTuple_SET_ITEM(signature, 2, types);
     for (Py_ssize_t position = 0; position < count; position++) {
         PyObject *operand = PyTuple_GET_ITEM(inputs, position);
-        PyObject *described = NULL, *part = NULL, *key = NULL;
-        int is_shared = 0;
+        PyObject *described = NULL;
+        int pushed;
         if (Py_IS_TYPE(operand, node_type)) {
             Node *source = (Node *)operand;
             Py_ssize_t index = idmap_get(index_of, source->id);
@@ -809,16 +1332,19 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                 if (k == source_count)
                     sources[source_count++] = index;
             }
-            described = new_node_operand(d, index, pick, (PyObject *)source);
             if (source->spec == NULL) {
                 PyErr_SetString(PyExc_AttributeError, "an operand node has no spec");
-                Py_XDECREF(described);
                 goto fail;
             }
-            part = pick == Py_None ? Py_NewRef(source->spec)
-                                   : PyObject_GetItem(source->spec, pick);
-            key = index >= 0 ? tuple_of_index(index, pick)
-                             : PyLong_FromVoidPtr(source);
+            PyObject *spec = pick == Py_None ? Py_NewRef(source->spec)
+                                             : PyObject_GetItem(source->spec, pick);
+            pushed = spec == NULL ? -1 : part_push(parts, PART_SPEC, spec);
+            if (pushed == 0)
+                pushed = index >= 0
+                    ? ident_push(idents, IDENT_INDEX, index, Py_NewRef(pick))
+                    : ident_push(idents, IDENT_ADDRESS, 0, Py_NewRef(source));
+            if (pushed == 0)
+                described = new_node_operand(d, index, pick, (PyObject *)source);
         }
         else {
             int kind = operand_kind(d, operand);
@@ -833,44 +1359,41 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                 if (is_index < 0)
                     goto fail;
             }
-            described = Py_NewRef(operand);
+            PyObject *spec;
             if (kind == KIND_NUMBER && !is_index) {
                 /* A constant such as the 0.5 in x * 0.5: shared by value. */
-                part = PyTuple_Pack(2, (PyObject *)Py_TYPE(operand), operand);
-                key = Py_NewRef(Py_None);
-                is_shared = 1;
+                pushed = part_push(parts, PART_NUMBER, Py_NewRef(operand));
+                if (pushed == 0)
+                    pushed = ident_push(idents, IDENT_NONE, 0, NULL);
             }
             else if (kind == KIND_TENSOR || kind == KIND_VARIABLE) {
-                PyObject *address = PyLong_FromVoidPtr(operand);
-                part = address == NULL ? NULL
-                                       : PyTuple_Pack(2, d->str_shared, address);
-                Py_XDECREF(address);
-                key = Py_NewRef(Py_None);
-                is_shared = 1;
+                pushed = part_push(parts, PART_SHARED, Py_NewRef(operand));
+                if (pushed == 0)
+                    pushed = ident_push(idents, IDENT_NONE, 0, NULL);
             }
-            else if ((part = int_list_spec(operand)) != NULL) {
+            else if ((spec = int_list_spec(operand)) != NULL) {
                 /* A list of ints (word ids): its items are its value. */
-                key = PyList_AsTuple(operand);
+                pushed = part_push(parts, PART_SPEC, spec);
+                if (pushed == 0)
+                    pushed = ident_push(idents, IDENT_INTS, 0, Py_NewRef(operand));
             }
             else if (PyErr_Occurred()) {
-                key = NULL;
+                pushed = -1;
             }
             else {   /* other lists, arrays and indices: per instance, stacked */
-                part = PyObject_CallOneArg(d->spec_of_foreign, operand);
-                key = part == NULL ? NULL
-                                   : PyObject_CallOneArg(d->value_key, operand);
+                spec = PyObject_CallOneArg(d->spec_of_foreign, operand);
+                pushed = spec == NULL ? -1 : part_push(parts, PART_SPEC, spec);
+                if (pushed == 0) {
+                    PyObject *key = PyObject_CallOneArg(d->value_key, operand);
+                    pushed = key == NULL ? -1 : ident_push(idents, IDENT_KEY, 0, key);
+                }
             }
+            if (pushed == 0)
+                described = Py_NewRef(operand);
         }
-        if (described == NULL || part == NULL || key == NULL) {
-            Py_XDECREF(described);
-            Py_XDECREF(part);
-            Py_XDECREF(key);
+        if (described == NULL)
             goto fail;
-        }
         PyList_SET_ITEM(operands, position, described);
-        PyTuple_SET_ITEM(signature, 3 + position, part);
-        PyTuple_SET_ITEM(identity, position, key);
-        PyTuple_SET_ITEM(shared, position, Py_NewRef(is_shared ? Py_True : Py_False));
     }
     *sources_out = PyTuple_New(source_count);
     if (*sources_out == NULL)
@@ -887,18 +1410,12 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
     Py_DECREF(inputs);
     Py_DECREF(attrs);
     *operands_out = operands;
-    *signature_out = signature;
-    *identity_out = identity;
-    *shared_out = shared;
     return 0;
 fail:
     PyMem_Free(sources);
     Py_DECREF(inputs);
     Py_DECREF(attrs);
     Py_XDECREF(operands);
-    Py_XDECREF(signature);
-    Py_XDECREF(identity);
-    Py_XDECREF(shared);
     return -1;
 }
 
@@ -958,11 +1475,14 @@ describe_graph(PyObject *module, PyObject *args)
         }
     }
     IdMap index_of = {0};
+    TypeTable types = {0};
+    WorkTable work = {0};
+    PartArray parts = {0};
+    IdentArray idents = {0};
     Py_ssize_t *type_of = PyMem_New(Py_ssize_t, count + 1);
     Py_ssize_t *duplicate_of = PyMem_New(Py_ssize_t, count + 1);
     PyObject *operands = PyList_New(count), *sources = PyList_New(count);
     PyObject *signatures = PyList_New(0), *shared_operand = PyList_New(0);
-    PyObject *work_seen = PyDict_New(), *signature_types = PyDict_New();
     PyObject *result = NULL;
     d.row_cache = PyDict_New();
     d.kind_cache = PyDict_New();
@@ -972,10 +1492,11 @@ describe_graph(PyObject *module, PyObject *args)
         goto done;
     }
     if (operands == NULL || sources == NULL || signatures == NULL
-            || shared_operand == NULL || work_seen == NULL
-            || signature_types == NULL || d.row_cache == NULL
+            || shared_operand == NULL || d.row_cache == NULL
             || d.kind_cache == NULL || d.str_shared == NULL
-            || idmap_init(&index_of, count) < 0)
+            || idmap_init(&index_of, nodes) < 0
+            || slots_init(&types.slots, count) < 0
+            || work_table_init(&work, count) < 0)
         goto done;
     for (Py_ssize_t index = 0; index < count; index++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, index);
@@ -1025,61 +1546,27 @@ describe_graph(PyObject *module, PyObject *args)
         PyObject *entry = row_entry(&d, node->row);
         if (entry == NULL)
             goto done;
-        PyObject *node_operands, *signature, *identity, *node_sources, *shared;
+        PyObject *node_operands, *node_sources;
         if (describe_node(&d, node, &index_of, duplicate_of,
-                          PyTuple_GET_ITEM(entry, 0), &node_operands,
-                          &signature, &identity, &node_sources, &shared) < 0)
+                          PyTuple_GET_ITEM(entry, 0), &parts, &idents,
+                          &node_operands, &node_sources) < 0)
             goto done;
         PyList_SET_ITEM(operands, index, node_operands);
         PyList_SET_ITEM(sources, index, node_sources);
         int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(entry, 1));
-        PyObject *key = own < 0 ? NULL
-            : own ? PyLong_FromSsize_t(index) : PyTuple_Pack(2, signature, identity);
-        Py_DECREF(identity);
-        PyObject *earlier = key == NULL ? NULL : PyDict_GetItemWithError(work_seen, key);
-        if (earlier != NULL) {
-            Py_DECREF(key);
-            Py_DECREF(signature);
-            Py_DECREF(shared);
-            type_of[index] = -1;
-            duplicate_of[index] = PyLong_AsSsize_t(earlier);
-            continue;
-        }
-        PyObject *number = NULL;
-        if (key == NULL || PyErr_Occurred()
-                || (number = PyLong_FromSsize_t(index)) == NULL
-                || PyDict_SetItem(work_seen, key, number) < 0) {
-            Py_XDECREF(number);
-            Py_XDECREF(key);
-            Py_DECREF(signature);
-            Py_DECREF(shared);
+        if (own < 0)
             goto done;
-        }
-        Py_DECREF(number);
-        Py_DECREF(key);
-        PyObject *known = PyDict_GetItemWithError(signature_types, signature);
-        Py_ssize_t node_type_index;
-        if (known != NULL)
-            node_type_index = PyLong_AsSsize_t(known);
-        else {
-            node_type_index = PyList_GET_SIZE(signatures);
-            PyObject *type_number = PyErr_Occurred() ? NULL
-                                    : PyLong_FromSsize_t(node_type_index);
-            int failed = type_number == NULL
-                || PyDict_SetItem(signature_types, signature, type_number) < 0
-                || PyList_Append(signatures, signature) < 0
-                || PyList_Append(shared_operand, shared) < 0;
-            Py_XDECREF(type_number);
-            if (failed) {
-                Py_DECREF(signature);
-                Py_DECREF(shared);
-                goto done;
-            }
-        }
-        Py_DECREF(signature);
-        Py_DECREF(shared);
-        type_of[index] = node_type_index;
-        duplicate_of[index] = index;
+        Py_ssize_t node_type_index = intern_type(&d, &types, node, &parts, signatures,
+                                                 shared_operand);
+        if (node_type_index < 0)
+            goto done;
+        Py_ssize_t earlier = index;
+        if (own)
+            idents_release(&idents, 0);
+        else if ((earlier = same_work(&work, node_type_index, index, &idents)) < 0)
+            goto done;
+        type_of[index] = earlier == index ? node_type_index : -1;
+        duplicate_of[index] = earlier;
     }
     Py_ssize_t duplicates = 0;
     for (Py_ssize_t index = 0; index < count; index++)
@@ -1092,16 +1579,19 @@ describe_graph(PyObject *module, PyObject *args)
     Py_XDECREF(type_list);
     Py_XDECREF(duplicate_list);
 done:
-    PyMem_Free(index_of.keys);
-    PyMem_Free(index_of.values);
+    parts_release(&parts, 0);
+    idents_release(&idents, 0);
+    PyMem_Free(parts.items);
+    PyMem_Free(idents.items);
+    type_table_free(&types);
+    work_table_free(&work);
+    idmap_free(&index_of);
     PyMem_Free(type_of);
     PyMem_Free(duplicate_of);
     Py_XDECREF(operands);
     Py_XDECREF(sources);
     Py_XDECREF(signatures);
     Py_XDECREF(shared_operand);
-    Py_XDECREF(work_seen);
-    Py_XDECREF(signature_types);
     Py_XDECREF(d.row_cache);
     Py_XDECREF(d.kind_cache);
     Py_XDECREF(d.str_shared);
