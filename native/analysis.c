@@ -17,15 +17,7 @@
 
 /* -- unevaluated_ancestors -------------------------------------------------- */
 
-/* Node ids seen: an IdSet (containers.h); the Python version keyed its ``found``
- * dict by id too. */
-
-static int
-by_id(const void *a, const void *b)
-{
-    long long x = (*(Node *const *)a)->id, y = (*(Node *const *)b)->id;
-    return (x > y) - (x < y);
-}
+/* Node ids seen: IdBits (containers.h). */
 
 PyDoc_STRVAR(unevaluated_ancestors_doc,
 "unevaluated_ancestors(targets)\n--\n\n"
@@ -44,11 +36,10 @@ unevaluated_ancestors(PyObject *module, PyObject *targets)
                                       "iterable of nodes");
     if (given == NULL)
         return NULL;
-    PtrArray stack = {0}, found = {0};
-    IdSet seen;
+    PtrArray stack = {0};
+    KeyedArray found = {0};
+    IdBits seen = {0};
     PyObject *result = NULL;
-    if (idset_init(&seen, 1024) < 0)
-        goto done;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(given);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *target = PySequence_Fast_GET_ITEM(given, i);
@@ -58,12 +49,12 @@ unevaluated_ancestors(PyObject *module, PyObject *targets)
     }
     while (stack.size > 0) {
         Node *node = stack.items[--stack.size];
-        int added = idset_add(&seen, node->id);
+        int added = idbits_add(&seen, node->id);
         if (added < 0)
             goto done;
         if (!added)
             continue;
-        if (ptr_push(&found, node) < 0)
+        if (keyed_push(&found, node) < 0)
             goto done;
         PyObject *inputs = node->inputs;
         if (inputs == NULL || !(PyTuple_Check(inputs) || PyList_Check(inputs))) {
@@ -77,21 +68,21 @@ unevaluated_ancestors(PyObject *module, PyObject *targets)
             PyObject *operand = PySequence_Fast_GET_ITEM(inputs, i);
             if (Py_IS_TYPE(operand, node_type)
                     && unevaluated((Node *)operand)
-                    && !idset_contains(&seen, ((Node *)operand)->id)
+                    && !idbits_contains(&seen, ((Node *)operand)->id)
                     && ptr_push(&stack, operand) < 0)
                 goto done;
         }
     }
-    qsort(found.items, found.size, sizeof(void *), by_id);
-    result = PyList_New(found.size);
+    found.size = keyed_sort(found.items, found.size);
+    result = found.size < 0 ? NULL : PyList_New(found.size);
     if (result == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < found.size; i++)
-        PyList_SET_ITEM(result, i, Py_NewRef((PyObject *)found.items[i]));
+        PyList_SET_ITEM(result, i, Py_NewRef(found.items[i].node));
 done:
     PyMem_Free(stack.items);
     PyMem_Free(found.items);
-    idset_free(&seen);
+    idbits_free(&seen);
     Py_DECREF(given);
     return result;
 }
@@ -113,7 +104,7 @@ search_roots(PyObject *module, PyObject *args)
     PyObject *given = PySequence_Fast(targets, "search_roots() takes an iterable of nodes");
     if (given == NULL)
         return NULL;
-    PtrArray found = {0};
+    KeyedArray found = {0};
     PyObject *result = NULL;
     int any_required = PySet_GET_SIZE(required) > 0;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(given); i++) {
@@ -128,17 +119,13 @@ search_roots(PyObject *module, PyObject *args)
             if (wanted < 0)
                 goto done;
         }
-        if (wanted && ptr_push(&found, item) < 0)
+        if (wanted && keyed_push(&found, (Node *)item) < 0)
             goto done;
     }
-    qsort(found.items, found.size, sizeof(void *), by_id);
-    result = PyList_New(0);
-    for (Py_ssize_t i = 0; result != NULL && i < found.size; i++) {
-        if (i > 0 && found.items[i] == found.items[i - 1])
-            continue;   /* given twice */
-        if (PyList_Append(result, (PyObject *)found.items[i]) < 0)
-            Py_CLEAR(result);
-    }
+    found.size = keyed_sort(found.items, found.size);   /* once each */
+    result = found.size < 0 ? NULL : PyList_New(found.size);
+    for (Py_ssize_t i = 0; result != NULL && i < found.size; i++)
+        PyList_SET_ITEM(result, i, Py_NewRef(found.items[i].node));
 done:
     PyMem_Free(found.items);
     Py_DECREF(given);

@@ -149,4 +149,200 @@ idset_contains(const IdSet *set, long long id)
     return set->used[id_slot(set, id)];
 }
 
+/* -- a set of node ids as bits over their range ----------------------------- */
+
+/* Node ids come from one counter, so the nodes a walk meets fill most of
+ * their id range: one bit per id of the range is a set whose 600,000 ids
+ * (a 256-tree minibatch) take 75 KB, in cache, where an IdSet's probes are
+ * cache misses.  The range grows to where ids fall; past IDBITS_MAX_WORDS
+ * (ids recorded across far-apart times) the set becomes an IdSet. */
+#define IDBITS_MAX_WORDS ((Py_ssize_t)1 << 20)   /* 64M ids in 8 MB */
+
+typedef struct {
+    long long low;                 /* the id of bit 0 */
+    unsigned long long *words;
+    Py_ssize_t word_count;
+    IdSet hashed;                  /* in use once hashed.keys != NULL */
+} IdBits;
+
+static inline int
+idbits_contains(const IdBits *bits, long long id)
+{
+    if (bits->hashed.keys != NULL)
+        return idset_contains(&bits->hashed, id);
+    if (bits->words == NULL || id < bits->low)
+        return 0;
+    unsigned long long offset = (unsigned long long)(id - bits->low);
+    if (offset >= 64 * (unsigned long long)bits->word_count)
+        return 0;
+    return (bits->words[offset >> 6] >> (offset & 63)) & 1;
+}
+
+static inline void
+idbits_free(IdBits *bits)
+{
+    PyMem_Free(bits->words);
+    bits->words = NULL;
+    if (bits->hashed.keys != NULL)
+        idset_free(&bits->hashed);
+    bits->hashed.keys = NULL;
+}
+
+/* Moves the set to an IdSet (0, or -1 with MemoryError). */
+static inline int
+idbits_to_hashed(IdBits *bits)
+{
+    if (idset_init(&bits->hashed, 1024) < 0)
+        return -1;
+    for (Py_ssize_t w = 0; w < bits->word_count; w++) {
+        for (unsigned long long word = bits->words[w]; word != 0; word &= word - 1) {
+            long long id = bits->low + 64 * (long long)w + __builtin_ctzll(word);
+            if (idset_add(&bits->hashed, id) < 0) {
+                idset_free(&bits->hashed);
+                bits->hashed.keys = NULL;
+                return -1;
+            }
+        }
+    }
+    PyMem_Free(bits->words);
+    bits->words = NULL;
+    return 0;
+}
+
+/* Widens the range to take ``id``: at least double, on the side it falls. */
+static inline int
+idbits_widen(IdBits *bits, long long id)
+{
+    Py_ssize_t count = bits->word_count;
+    long long low = bits->low;
+    if (id < low) {
+        long long need = (low - id + 63) / 64;
+        Py_ssize_t extra = need > count ? (Py_ssize_t)need + count : count;
+        if (count + extra > IDBITS_MAX_WORDS || need > IDBITS_MAX_WORDS)
+            return idbits_to_hashed(bits);
+        unsigned long long *words = PyMem_Calloc(count + extra, sizeof(*words));
+        if (words == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(words + extra, bits->words, count * sizeof(*words));
+        PyMem_Free(bits->words);
+        bits->words = words;
+        bits->low = low - 64 * (long long)extra;
+        bits->word_count = count + extra;
+        return 0;
+    }
+    long long need = (id - low) / 64 + 1 - count;
+    Py_ssize_t extra = need > count ? (Py_ssize_t)need + count : count;
+    if (count + extra > IDBITS_MAX_WORDS || need > IDBITS_MAX_WORDS)
+        return idbits_to_hashed(bits);
+    unsigned long long *words = PyMem_Realloc(bits->words, (count + extra) * sizeof(*words));
+    if (words == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(words + count, 0, extra * sizeof(*words));
+    bits->words = words;
+    bits->word_count = count + extra;
+    return 0;
+}
+
+/* Adds ``id``: 1 if it was new, 0 if present, -1 on memory error. */
+static inline int
+idbits_add(IdBits *bits, long long id)
+{
+    if (bits->hashed.keys == NULL && bits->words == NULL) {
+        /* Walks go from new nodes to older ones: room mostly below. */
+        bits->word_count = 1024;
+        bits->low = id - 64 * 1000;
+        bits->words = PyMem_Calloc(bits->word_count, sizeof(*bits->words));
+        if (bits->words == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    while (bits->hashed.keys == NULL
+           && (id < bits->low
+               || (unsigned long long)(id - bits->low) >= 64 * (unsigned long long)bits->word_count)) {
+        if (idbits_widen(bits, id) < 0)
+            return -1;
+    }
+    if (bits->hashed.keys != NULL)
+        return idset_add(&bits->hashed, id);
+    unsigned long long offset = (unsigned long long)(id - bits->low);
+    unsigned long long mask = 1ull << (offset & 63);
+    if (bits->words[offset >> 6] & mask)
+        return 0;
+    bits->words[offset >> 6] |= mask;
+    return 1;
+}
+
+/* -- nodes in id order --------------------------------------------------------- */
+
+typedef struct {
+    long long id;
+    PyObject *node;
+} Keyed;
+
+static inline int
+keyed_by_id(const void *a, const void *b)
+{
+    long long x = ((const Keyed *)a)->id, y = ((const Keyed *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Sorts nodes by id, each once (a node given twice is kept once): the new
+ * count, or -1 with MemoryError.  One evaluation's nodes were mostly
+ * recorded together, so their ids usually span a range not much wider than
+ * their number: then each goes to its place in a table of that range, with
+ * no comparisons; otherwise a qsort on the copied ids (comparing reads no
+ * node). */
+static inline Py_ssize_t
+keyed_sort(Keyed *items, Py_ssize_t count)
+{
+    if (count < 2)
+        return count;
+    long long low = items[0].id, high = low;
+    for (Py_ssize_t i = 1; i < count; i++) {
+        low = items[i].id < low ? items[i].id : low;
+        high = items[i].id > high ? items[i].id : high;
+    }
+    if ((unsigned long long)(high - low) < 4 * (unsigned long long)count) {
+        PyObject **table = PyMem_Calloc(high - low + 1, sizeof(PyObject *));
+        if (table == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < count; i++)
+            table[items[i].id - low] = items[i].node;
+        Py_ssize_t placed = 0;
+        for (long long slot = 0; slot <= high - low; slot++)
+            if (table[slot] != NULL)
+                items[placed++] = (Keyed){low + slot, table[slot]};
+        PyMem_Free(table);
+        return placed;
+    }
+    qsort(items, count, sizeof(Keyed), keyed_by_id);
+    Py_ssize_t kept = 1;
+    for (Py_ssize_t i = 1; i < count; i++)
+        if (items[i].id != items[kept - 1].id)
+            items[kept++] = items[i];
+    return kept;
+}
+
+typedef struct {
+    Keyed *items;
+    Py_ssize_t size, capacity;
+} KeyedArray;
+
+static inline int
+keyed_push(KeyedArray *array, Node *node)
+{
+    if (array->size == array->capacity
+            && array_grow((void **)&array->items, &array->capacity, sizeof(Keyed)) < 0)
+        return -1;
+    array->items[array->size++] = (Keyed){node->id, (PyObject *)node};
+    return 0;
+}
+
 #endif

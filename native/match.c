@@ -808,7 +808,7 @@ rewrite(Node *node, PyObject *entry, Run *run, PyObject *swallowed)
  * unevaluated ones if ``unevaluated_only``) not reached before; ``reached``
  * holds a reference to each.  No Python code runs here. */
 static int
-enqueue(PyObject *operands, int unevaluated_only, IdSet *ids,
+enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
         PtrArray *reached)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
@@ -816,7 +816,7 @@ enqueue(PyObject *operands, int unevaluated_only, IdSet *ids,
         PyObject *operand = PySequence_Fast_GET_ITEM(operands, i);
         if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
-        int added = idset_add(ids, ((Node *)operand)->id);
+        int added = idbits_add(ids, ((Node *)operand)->id);
         if (added < 0 || (added && ptr_push(reached, operand) < 0))
             return -1;
         if (added)
@@ -825,63 +825,22 @@ enqueue(PyObject *operands, int unevaluated_only, IdSet *ids,
     return 0;
 }
 
-typedef struct {
-    long long id;
-    PyObject *node;
-} Keyed;
-
-static int
-by_id(const void *a, const void *b)
-{
-    long long x = ((const Keyed *)a)->id, y = ((const Keyed *)b)->id;
-    return (x > y) - (x < y);
-}
-
-/* Sorts distinct nodes by id.  One evaluation's nodes were mostly recorded
- * together, so their ids usually span a range not much wider than their
- * number: then each goes to its place in a table of that range, with no
- * comparisons (sorting was the largest part of a replace); otherwise a
- * qsort on the ids, copied out so that comparing reads no node. */
+/* Sorts distinct nodes by id (keyed_sort, containers.h). */
 static int
 sort_by_id(PyObject **items, Py_ssize_t count)
 {
-    if (count < 2)
-        return 0;
-    long long low = ((Node *)items[0])->id, high = low;
-    for (Py_ssize_t i = 1; i < count; i++) {
-        long long id = ((Node *)items[i])->id;
-        low = id < low ? id : low;
-        high = id > high ? id : high;
-    }
-    if ((unsigned long long)(high - low) < 4 * (unsigned long long)count) {
-        PyObject **table = PyMem_Calloc(high - low + 1, sizeof(PyObject *));
-        if (table == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < count; i++)
-            table[((Node *)items[i])->id - low] = items[i];
-        Py_ssize_t placed = 0;
-        for (long long slot = 0; slot <= high - low; slot++)
-            if (table[slot] != NULL)
-                items[placed++] = table[slot];
-        PyMem_Free(table);
-        return 0;
-    }
-    Keyed *keyed = PyMem_New(Keyed, count);
+    Keyed *keyed = PyMem_New(Keyed, count + 1);
     if (keyed == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        keyed[i].id = ((Node *)items[i])->id;
-        keyed[i].node = items[i];
-    }
-    qsort(keyed, count, sizeof(Keyed), by_id);
     for (Py_ssize_t i = 0; i < count; i++)
+        keyed[i] = (Keyed){((Node *)items[i])->id, items[i]};
+    Py_ssize_t sorted = keyed_sort(keyed, count);
+    for (Py_ssize_t i = 0; i < sorted; i++)
         items[i] = keyed[i].node;
     PyMem_Free(keyed);
-    return 0;
+    return sorted == count ? 0 : -1;
 }
 
 /* The candidates for a node: a tuple of (MatchProgram, row,
@@ -945,7 +904,7 @@ replace(PyObject *module, PyObject *args)
     PyObject *result = NULL, *stack[STACK_SLOTS];
     PtrArray reached = {0}, replaced = {0};
     Py_ssize_t head = 0;
-    IdSet ids = {0};
+    IdBits ids = {0};
     Run run;
     int running = 0;
 
@@ -965,8 +924,6 @@ replace(PyObject *module, PyObject *args)
     if (run_start(&run, registers, length, stack) < 0)
         goto done;
     running = 1;
-    if (idset_init(&ids, 1024) < 0)
-        goto done;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_list); i++) {
         PyObject *root = PySequence_Fast_GET_ITEM(root_list, i);
         if (!is_node(root)) {
@@ -1027,7 +984,7 @@ done:
         Py_DECREF((PyObject *)reached.items[i]);
     PyMem_Free(reached.items);
     PyMem_Free(replaced.items);
-    idset_free(&ids);
+    idbits_free(&ids);
     idset_free(&labels.required);
     Py_DECREF(candidates);
     Py_DECREF(root_list);

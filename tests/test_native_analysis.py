@@ -112,7 +112,12 @@ def random_dags(draw):
     evaluated, ids a random permutation (the result is sorted by id, not by
     position), and targets mixing nodes with other values."""
     count = draw(st.integers(0, 40))
-    ids = draw(st.permutations(range(1000, 1000 + count)))
+    # Ids usually consecutive; gaps make the native walk's bit set widen
+    # (above and below) and, past 64M ids, turn into a hash set.
+    gaps = draw(st.lists(st.sampled_from([1, 1, 1, 1, 70, 70_000, 1 << 27]),
+                         min_size=count, max_size=count))
+    first = draw(st.integers(0, 1 << 40))
+    ids = draw(st.permutations([first + sum(gaps[:k + 1]) for k in range(count)]))
     nodes = []
     for position in range(count):
         picks = draw(st.lists(st.integers(-2, position - 1), max_size=4))
