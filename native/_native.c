@@ -150,6 +150,82 @@ static PyType_Spec node_spec = {
     .slots = node_slots,
 };
 
+/* -- NodeOperand ------------------------------------------------------------ */
+
+/* A BatchGraph operand that is a recorded node (batch/graph.py).  Made
+ * here, not as a Python class: a graph of a 256-tree minibatch has 360,000
+ * of them, which a class with __init__ cost about 100 ns each to make and
+ * as much to free, and which the planner's C reads as fields rather than
+ * attributes.  Not tracked by the cyclic collector: it refers to a node
+ * and to an int or None, none of which refers to an operand. */
+PyTypeObject *node_operand_type;
+
+PyObject *
+node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node)
+{
+    NodeOperand *operand = PyObject_New(NodeOperand, node_operand_type);
+    if (operand == NULL)
+        return NULL;
+    operand->index = index;
+    operand->pick = Py_NewRef(pick);
+    operand->node = Py_NewRef(node);
+    return (PyObject *)operand;
+}
+
+static PyObject *
+node_operand_py_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"index", "pick", "node", NULL};
+    Py_ssize_t index;
+    PyObject *pick, *node;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nOO:NodeOperand", keywords,
+                                     &index, &pick, &node))
+        return NULL;
+    if (index < -1 || (pick != Py_None && !PyLong_Check(pick)) || !is_node(node)) {
+        PyErr_SetString(PyExc_TypeError, "NodeOperand(index >= -1, pick: int or None, "
+                        "node: a VirtualNode)");
+        return NULL;
+    }
+    return node_operand_new(index, pick, node);
+}
+
+static void
+node_operand_dealloc(PyObject *self)
+{
+    NodeOperand *operand = (NodeOperand *)self;
+    PyTypeObject *type = Py_TYPE(self);
+    Py_DECREF(operand->pick);
+    Py_DECREF(operand->node);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef node_operand_members[] = {
+    {"index", T_PYSSIZET, offsetof(NodeOperand, index), READONLY,
+     "the node's index in the graph, -1: evaluated earlier"},
+    {"pick", T_OBJECT, offsetof(NodeOperand, pick), READONLY,
+     "the output read of a multi-output node, else None"},
+    {"node", T_OBJECT, offsetof(NodeOperand, node), READONLY, "the VirtualNode"},
+    {NULL},
+};
+
+static PyType_Slot node_operand_slots[] = {
+    {Py_tp_new, node_operand_py_new},
+    {Py_tp_dealloc, node_operand_dealloc},
+    {Py_tp_members, node_operand_members},
+    {Py_tp_doc, "An operand that is a recorded node: in the graph (index >= 0) "
+                "or evaluated earlier (index -1); pick selects one output of a "
+                "multi-output node."},
+    {0, NULL},
+};
+
+static PyType_Spec node_operand_spec = {
+    .name = "subgraphjit.batch.graph.NodeOperand",
+    .basicsize = sizeof(NodeOperand),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = node_operand_slots,
+};
+
 /* -- the call site ---------------------------------------------------------- */
 
 /* A recorded op's site is the (code, line) of the user's call: the frame
@@ -573,6 +649,7 @@ PyInit__native(void)
     one = PyLong_FromLong(1);
     getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
+    node_operand_type = (PyTypeObject *)PyType_FromSpec(&node_operand_spec);
     if (add_analysis_functions(module) < 0 || add_match_functions(module) < 0
             || add_plan_functions(module) < 0 || add_fuse_functions(module) < 0) {
         Py_DECREF(module);
@@ -581,10 +658,12 @@ PyInit__native(void)
     if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
             || str_append == NULL || str_variable_spec == NULL
             || int_list_specs == NULL
-            || one == NULL || node_type == NULL
+            || one == NULL || node_type == NULL || node_operand_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
-                                     (PyObject *)node_type) < 0) {
+                                     (PyObject *)node_type) < 0
+            || PyModule_AddObjectRef(module, "NodeOperand",
+                                     (PyObject *)node_operand_type) < 0) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ImportError, "sys._getframe is missing");
         Py_DECREF(module);

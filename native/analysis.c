@@ -691,7 +691,7 @@ idmap_put(IdMap *map, long long id, Py_ssize_t value)
 /* What BatchGraph's Python gives per call: the callbacks of the rare cases
  * and per-call caches (by row, by operand type). */
 typedef struct {
-    PyObject *access_row, *node_operand, *row_info, *kind_of,
+    PyObject *access_row, *row_info, *kind_of,
              *spec_of_foreign, *value_key, *take_output;
     PyObject *row_cache, *kind_cache, *str_shared;
 } Describe;
@@ -722,18 +722,6 @@ operand_kind(Describe *d, PyObject *operand)
         return -1;
     }
     return (int)value;
-}
-
-static PyObject *
-new_node_operand(Describe *d, Py_ssize_t index, PyObject *pick, PyObject *node)
-{
-    PyObject *number = PyLong_FromSsize_t(index);
-    if (number == NULL)
-        return NULL;
-    PyObject *args[] = {number, pick, node};
-    PyObject *operand = PyObject_Vectorcall(d->node_operand, args, 3, NULL);
-    Py_DECREF(number);
-    return operand;
 }
 
 /* (index_positions, gathers) of a row, from row_info, cached per row. */
@@ -1331,7 +1319,7 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                     ? ident_push(idents, IDENT_INDEX, index, Py_NewRef(pick))
                     : ident_push(idents, IDENT_ADDRESS, 0, Py_NewRef(source));
             if (pushed == 0)
-                described = new_node_operand(d, index, pick, (PyObject *)source);
+                described = node_operand_new(index, pick, (PyObject *)source);
         }
         else {
             int kind = operand_kind(d, operand);
@@ -1431,7 +1419,7 @@ keeps_own_row(Describe *d, Node *node, PyObject *gathers)
 }
 
 PyDoc_STRVAR(describe_graph_doc,
-"describe_graph(nodes, access_row, node_operand, row_info, kind_of,\n"
+"describe_graph(nodes, access_row, row_info, kind_of,\n"
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
 "BatchGraph's loop over its nodes (see batch/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
@@ -1443,8 +1431,8 @@ describe_graph(PyObject *module, PyObject *args)
 {
     PyObject *nodes;
     Describe d = {0};
-    if (!PyArg_ParseTuple(args, "O!OOOOOOO:describe_graph", &PyList_Type,
-                          &nodes, &d.access_row, &d.node_operand, &d.row_info,
+    if (!PyArg_ParseTuple(args, "O!OOOOOO:describe_graph", &PyList_Type,
+                          &nodes, &d.access_row, &d.row_info,
                           &d.kind_of, &d.spec_of_foreign, &d.value_key,
                           &d.take_output))
         return NULL;
@@ -1511,7 +1499,7 @@ describe_graph(PyObject *module, PyObject *args)
             }
             else
                 idmap_put(&index_of, node->id, index);
-            PyObject *operand = new_node_operand(&d, source_index, Py_None, source);
+            PyObject *operand = node_operand_new(source_index, Py_None, source);
             Py_DECREF(source);
             PyObject *list = operand == NULL ? NULL : PyList_New(1);
             if (list == NULL) {

@@ -51,7 +51,26 @@ unevaluated(Node *node)
 {
     return node->result == Py_None && node->batch == Py_None;
 }
-extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */
+extern PyObject *access_row;
+
+/* A BatchGraph operand that is a recorded node (_native.c). */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t index;   /* in the graph, or -1: evaluated earlier */
+    PyObject *pick;     /* an output number, or None: the whole node */
+    PyObject *node;
+} NodeOperand;
+
+extern PyTypeObject *node_operand_type;
+
+static inline int
+is_node_operand(PyObject *object)
+{
+    return Py_IS_TYPE(object, node_operand_type);
+}
+
+/* A new NodeOperand (a new reference, or NULL with an exception set). */
+PyObject *node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node);      /* the ACCESS row setup() was given, or NULL */
 
 /* _native.c: the spec of a non-empty list of Python ints (a new
  * reference), or NULL: with an exception set on failure, else the operand

@@ -10,7 +10,6 @@
 
 #include "containers.h"
 
-static PyObject *str_index, *str_pick;
 
 /* -- reading Python values -------------------------------------------------- */
 
@@ -77,21 +76,17 @@ static int
 node_operand_fields(PyObject *operand, Py_ssize_t count, Py_ssize_t *index,
                     Py_ssize_t *pick)
 {
-    PyObject *value = PyObject_GetAttr(operand, str_index);
-    if (value == NULL)
+    NodeOperand *fields = (NodeOperand *)operand;
+    if (fields->index < -1 || fields->index >= count) {
+        PyErr_Format(PyExc_ValueError, "a NodeOperand's index %zd is out of range",
+                     fields->index);
         return -1;
-    int status = int_in(value, -1, count, "a NodeOperand's index", index);
-    Py_DECREF(value);
-    if (status < 0)
-        return -1;
-    value = PyObject_GetAttr(operand, str_pick);
-    if (value == NULL)
-        return -1;
+    }
+    *index = fields->index;
     *pick = -1;
-    if (value != Py_None)
-        status = int_in(value, 0, PY_SSIZE_T_MAX, "a NodeOperand's pick", pick);
-    Py_DECREF(value);
-    return status;
+    if (fields->pick == Py_None)
+        return 0;
+    return int_in(fields->pick, 0, PY_SSIZE_T_MAX, "a NodeOperand's pick", pick);
 }
 
 /* How many outputs a node has: a multi-output node's spec is a tuple of
@@ -127,7 +122,7 @@ access_number(Node *node, Py_ssize_t *number)
 /* The graph's lists, checked: nodes are VirtualNodes, type_of and
  * duplicate_of ints in range, operands a list per node. */
 typedef struct {
-    PyObject *nodes, *operands, *node_operand, *access_row;
+    PyObject *nodes, *operands, *access_row;
     Py_ssize_t count, type_count;
     Py_ssize_t *type_of, *duplicate_of;
 } Graph;
@@ -142,7 +137,7 @@ graph_free(Graph *graph)
 static int
 graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
            PyObject *duplicate_of, PyObject *operands, Py_ssize_t type_count,
-           PyObject *node_operand, PyObject *access_row)
+           PyObject *access_row)
 {
     memset(graph, 0, sizeof(*graph));
     if (type_count < 0) {
@@ -155,10 +150,6 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
                         "nodes and operands must be lists of one length");
         return -1;
     }
-    if (!PyType_Check(node_operand)) {
-        PyErr_SetString(PyExc_TypeError, "node_operand must be a type");
-        return -1;
-    }
     graph->count = PyList_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < graph->count; i++) {
         if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), node_type)) {
@@ -168,7 +159,6 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
     }
     graph->nodes = nodes;
     graph->operands = operands;
-    graph->node_operand = node_operand;
     graph->access_row = access_row;
     graph->type_count = type_count;
     graph->type_of = int_array(type_of, graph->count, -1, type_count, "type_of");
@@ -189,12 +179,6 @@ graph_node(Graph *graph, Py_ssize_t index)
     return (Node *)PyList_GET_ITEM(graph->nodes, index);
 }
 
-static int
-is_node_operand(Graph *graph, PyObject *operand)
-{
-    return PyObject_TypeCheck(operand, (PyTypeObject *)graph->node_operand);
-}
-
 /* The graph index of an access node's source (-1: evaluated earlier). */
 static int
 access_source(Graph *graph, Py_ssize_t index, Py_ssize_t *source)
@@ -203,7 +187,7 @@ access_source(Graph *graph, Py_ssize_t index, Py_ssize_t *source)
     Py_ssize_t pick;
     if (operand == NULL)
         return -1;
-    if (!is_node_operand(graph, operand)) {
+    if (!is_node_operand(operand)) {
         PyErr_Format(PyExc_TypeError, "access node %zd reads no node", index);
         return -1;
     }
@@ -220,7 +204,7 @@ int32_bytes(const int *items, Py_ssize_t count)
 
 PyDoc_STRVAR(read_outputs_doc,
 "read_outputs(nodes, type_of, duplicate_of, operands, type_count,\n"
-"             required_ids, node_operand, access_row)\n--\n\n"
+"             required_ids, access_row)\n--\n\n"
 "The set of (node type, output number) that some node needs: read by a\n"
 "node of the graph, or of a node nothing consumes or whose id is in\n"
 "``required_ids`` (see plan.py's outline).");
@@ -228,16 +212,15 @@ PyDoc_STRVAR(read_outputs_doc,
 static PyObject *
 read_outputs(PyObject *module, PyObject *args)
 {
-    PyObject *nodes, *type_of, *duplicate_of, *operands, *required, *node_operand,
-             *access_row;
+    PyObject *nodes, *type_of, *duplicate_of, *operands, *required, *access_row;
     Py_ssize_t type_count;
-    if (!PyArg_ParseTuple(args, "OOOOnO!OO:read_outputs", &nodes, &type_of,
+    if (!PyArg_ParseTuple(args, "OOOOnO!O:read_outputs", &nodes, &type_of,
                           &duplicate_of, &operands, &type_count, &PySet_Type,
-                          &required, &node_operand, &access_row))
+                          &required, &access_row))
         return NULL;
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
-                   node_operand, access_row) < 0)
+                   access_row) < 0)
         return NULL;
     PyObject *result = NULL;
     /* Per type, its output count (from a node of it) and the offset of its
@@ -289,7 +272,7 @@ read_outputs(PyObject *module, PyObject *args)
         for (Py_ssize_t p = 0; p < PyList_GET_SIZE(row); p++) {
             PyObject *operand = PyList_GET_ITEM(row, p);
             Py_ssize_t index, pick;
-            if (!is_node_operand(&graph, operand))
+            if (!is_node_operand(operand))
                 continue;
             if (node_operand_fields(operand, graph.count, &index, &pick) < 0)
                 goto done;
@@ -446,7 +429,7 @@ typedef struct {
 
 PyDoc_STRVAR(fill_doc,
 "fill(batches, nodes, type_of, duplicate_of, operands, type_count,\n"
-"     kind_of_type, kinds, computed, node_operand, access_row)\n--\n\n"
+"     kind_of_type, kinds, computed, access_row)\n--\n\n"
 "The program's arrays (see plan.py): returns (steps, rows, input_values,\n"
 "input_nodes, where, outputs, slots).  ``steps`` and ``rows`` are int32\n"
 "bytes (steps: one row of 3 + most outputs per step); per node, ``where``\n"
@@ -459,16 +442,16 @@ static PyObject *
 fill(PyObject *module, PyObject *args)
 {
     PyObject *batches, *nodes, *type_of, *duplicate_of, *operands, *kind_of_type,
-             *kind_list, *computed_list, *node_operand, *access_row;
+             *kind_list, *computed_list, *access_row;
     Py_ssize_t type_count;
-    if (!PyArg_ParseTuple(args, "O!OOOOnOOO!OO:fill", &PyList_Type, &batches,
+    if (!PyArg_ParseTuple(args, "O!OOOOnOOO!O:fill", &PyList_Type, &batches,
                           &nodes, &type_of, &duplicate_of, &operands, &type_count,
                           &kind_of_type, &kind_list, &PyList_Type, &computed_list,
-                          &node_operand, &access_row))
+                          &access_row))
         return NULL;
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
-                   node_operand, access_row) < 0)
+                   access_row) < 0)
         return NULL;
     Py_ssize_t buffer_count = PyList_GET_SIZE(computed_list), kind_count = 0;
     Py_ssize_t count = graph.count, width = 3;
@@ -558,7 +541,7 @@ fill(PyObject *module, PyObject *args)
                 Py_ssize_t source, pick, row = 0;
                 int is_pending = 0, is_node = 0;
                 Py_ssize_t number = 0;
-                if (!is_node_operand(&graph, operand)) {   /* a Python list or array */
+                if (!is_node_operand(operand)) {   /* a Python list or array */
                     PyObject *values = PyList_GET_ITEM(input_values, buffer);
                     number = PyList_GET_SIZE(values);
                     if (PyList_Append(values, operand) < 0)
@@ -586,9 +569,7 @@ fill(PyObject *module, PyObject *args)
                         row = slots.items[2 * slot + 1];
                     }
                     else {   /* evaluated earlier: an input */
-                        PyObject *earlier = PyObject_GetAttrString(operand, "node");
-                        if (earlier == NULL)
-                            goto done;
+                        PyObject *earlier = Py_NewRef(((NodeOperand *)operand)->node);
                         PyObject *known = PyDict_GetItemWithError(input_number, earlier);
                         if (known != NULL) {
                             number = PyLong_AsSsize_t(known);
@@ -741,7 +722,7 @@ int32_view(PyObject *bytes, Py_ssize_t count, const char *what)
 
 PyDoc_STRVAR(write_back_doc,
 "write_back(nodes, operands, where, outputs, slots, buffers, swallowed,\n"
-"           node_operand, access_row)\n--\n\n"
+"           access_row)\n--\n\n"
 "Leave each node's value as its row of the program's ``buffers`` (fill's\n"
 "arrays say where) and drop its operands; a node with an output not kept\n"
 "stays unevaluated, and its id joins the set ``swallowed``.  Returns the\n"
@@ -752,11 +733,11 @@ static PyObject *
 write_back(PyObject *module, PyObject *args)
 {
     PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
-             *swallowed, *node_operand, *access_row;
-    if (!PyArg_ParseTuple(args, "O!O!SSSO!O!OO:write_back", &PyList_Type, &nodes,
+             *swallowed, *access_row;
+    if (!PyArg_ParseTuple(args, "O!O!SSSO!O!O:write_back", &PyList_Type, &nodes,
                           &PyList_Type, &operands, &where_bytes, &outputs_bytes,
                           &slots_bytes, &PyList_Type, &buffers, &PySet_Type,
-                          &swallowed, &node_operand, &access_row))
+                          &swallowed, &access_row))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(nodes);
     Py_ssize_t slot_count = PyBytes_GET_SIZE(slots_bytes) / (2 * (Py_ssize_t)sizeof(int));
@@ -767,7 +748,7 @@ write_back(PyObject *module, PyObject *args)
         : int32_view(slots_bytes, 2 * slot_count, "slots");
     if (slots == NULL)
         return NULL;
-    if (PyList_GET_SIZE(operands) != count || !PyType_Check(node_operand)) {
+    if (PyList_GET_SIZE(operands) != count) {
         PyErr_SetString(PyExc_ValueError, "write_back: operands must match nodes");
         return NULL;
     }
@@ -788,8 +769,8 @@ write_back(PyObject *module, PyObject *args)
             }
         }
     }
-    Graph graph = {.nodes = nodes, .operands = operands, .node_operand = node_operand,
-                   .access_row = access_row, .count = count};
+    Graph graph = {.nodes = nodes, .operands = operands, .access_row = access_row,
+                   .count = count};
     PyObject *results = PyList_New(0);
     if (results == NULL)
         return NULL;
@@ -877,9 +858,5 @@ static PyMethodDef plan_methods[] = {
 int
 add_plan_functions(PyObject *module)
 {
-    str_index = PyUnicode_InternFromString("index");
-    str_pick = PyUnicode_InternFromString("pick");
-    if (str_index == NULL || str_pick == NULL)
-        return -1;
     return PyModule_AddFunctions(module, plan_methods);
 }

@@ -516,7 +516,7 @@ def test_foreign_operands_and_duplicates_match_the_reference():
 
 
 def test_describe_graph_bad_input_raises_clean_errors():
-    helpers = (ACCESS, NodeOperand, graph_module._row_info, graph_module._kind_of,
+    helpers = (ACCESS, graph_module._row_info, graph_module._kind_of,
                spec_of_foreign, graph_module._value_key, graph_module._take_output)
     with pytest.raises(TypeError):
         _native.describe_graph((), *helpers)           # not a list
@@ -536,6 +536,6 @@ def test_describe_graph_bad_input_raises_clean_errors():
         _native.describe_graph([make_node(2, [object()])], *helpers)
     row = tf.tanh(tensorflow.constant([1.0])).row
     node = VirtualNode(3, row, (object(),), (), None, None)
-    bad_kind = helpers[:3] + (lambda operand: 9,) + helpers[4:]
+    bad_kind = helpers[:2] + (lambda operand: 9,) + helpers[3:]
     with pytest.raises(ValueError):
         _native.describe_graph([node], *bad_kind)

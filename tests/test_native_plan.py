@@ -199,7 +199,7 @@ def test_programs_match_the_reference(name, granularity, parameters):
         before = [node.batch for node in graph.nodes]
         swallowed = set()
         taken = _native.write_back(graph.nodes, graph.operands, *program.places,
-                                   outputs, swallowed, NodeOperand, ACCESS)
+                                   outputs, swallowed, ACCESS)
         assert swallowed == {graph.nodes[index].id for index in expected_swallowed}
         for index, node in enumerate(graph.nodes):
             if index in expected_left:
@@ -243,8 +243,7 @@ def fill_arguments(graph, batches):
                                               key=lambda t: (graph.type_names[t], t))):
         kind_of_type[kind_type] = number
     return [batches, graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
-            len(graph.signatures), kind_of_type, kinds, program.computed, NodeOperand,
-            ACCESS]
+            len(graph.signatures), kind_of_type, kinds, program.computed, ACCESS]
 
 
 def test_fill_of_bad_input_raises_clean_errors():
@@ -274,10 +273,33 @@ def test_fill_of_bad_input_raises_clean_errors():
             (7, [[(), (0,), False]] * 5, TypeError),            # a kind not a tuple
             (7, [([0, 1], (0,), False)] * 5, TypeError),
             (7, [((( 0, 99),), (0,), False)] * 5, ValueError),   # a buffer out of range
-            (8, [0] * len(arguments[8]), ValueError),     # computed disagrees
-            (9, object(), TypeError)]:
+            (8, [0] * len(arguments[8]), ValueError)]:    # computed disagrees
         with pytest.raises(error):
             _native.fill(*broken(position, value))
+    # An operand naming a node outside the graph, or an output it lacks.
+    reader = next(index for index, row in enumerate(graph.operands)
+                  if any(type(operand) is NodeOperand and operand.index >= 0
+                         for operand in row))
+    for index, pick in [(count + 5, None), (0, 7)]:
+        operands = [list(row) for row in graph.operands]
+        position, operand = next((p, o) for p, o in enumerate(operands[reader])
+                                 if type(o) is NodeOperand)
+        operands[reader][position] = NodeOperand(index, pick, operand.node)
+        with pytest.raises(ValueError):
+            _native.fill(*broken(4, operands))
+
+
+def test_node_operands_made_in_python_are_checked():
+    graph, _ = small_graph()
+    node = graph.nodes[0]
+    operand = NodeOperand(3, None, node)
+    assert (operand.index, operand.pick, operand.node) == (3, None, node)
+    assert NodeOperand(index=-1, pick=1, node=node).pick == 1
+    for arguments in [(-2, None, node), (0, "x", node), (0, None, "not a node"), (0,)]:
+        with pytest.raises(TypeError):
+            NodeOperand(*arguments)
+    with pytest.raises(AttributeError):
+        operand.index = 4
 
 
 def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
@@ -285,7 +307,7 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
     program = plans.outline(graph, batches)
     program.fill()
     base = [graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
-            len(graph.signatures), set(), NodeOperand, ACCESS]
+            len(graph.signatures), set(), ACCESS]
     assert _native.read_outputs(*base)
     for position, value, error in [(0, [None] * len(graph.nodes), TypeError),
                                    (1, [-5] * len(graph.nodes), ValueError),
@@ -305,6 +327,6 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
             ((graph.nodes, graph.operands, where, outputs, "slots", buffers), TypeError),
             ((graph.nodes[:-1], graph.operands, where, outputs, slots, buffers), ValueError)]:
         with pytest.raises(error):
-            _native.write_back(*arguments, set(), NodeOperand, ACCESS)
+            _native.write_back(*arguments, set(), ACCESS)
     for node in graph.nodes:   # untouched by the failed calls
         assert node.batch is None

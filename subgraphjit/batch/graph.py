@@ -56,8 +56,7 @@ class BatchGraph:
         (self.type_of, self.duplicate_of, self.operands, self.sources,
          self.signatures, self.shared_operand,
          self.duplicates) = _native.describe_graph(
-            self.nodes, ACCESS,
-            NodeOperand, _row_info, _kind_of, spec_of_foreign, _value_key,
+            self.nodes, ACCESS, _row_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
 
     def __len__(self):
@@ -147,14 +146,8 @@ def _is_number(operand):
     return type(operand) in _PYTHON_NUMBERS or isinstance(operand, np.generic)
 
 
-class NodeOperand:
-    """An operand that is a recorded node: in this graph (``index`` >= 0) or
-    evaluated earlier (``index`` == -1); ``pick`` selects one output of a
-    multi-output node."""
-
-    __slots__ = ("index", "pick", "node")
-
-    def __init__(self, index, pick, node):
-        self.index = index
-        self.pick = pick
-        self.node = node
+# An operand that is a recorded node: in this graph (``index`` >= 0) or
+# evaluated earlier (``index`` == -1); ``pick`` selects one output of a
+# multi-output node.  A C type (native/_native.c): graphs hold hundreds of
+# thousands, which the planner's C reads as fields.
+NodeOperand = _native.NodeOperand

@@ -29,7 +29,6 @@ from .. import _native
 from ..patch.node import VirtualNode
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
-from .graph import NodeOperand
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as
 # TensorFlow converts them where the op does not say otherwise).
@@ -201,7 +200,7 @@ def _read_outputs(graph, required):
     required = {node.id for node in required if type(node) is VirtualNode}
     return _native.read_outputs(graph.nodes, graph.type_of, graph.duplicate_of,
                                 graph.operands, len(graph.signatures), required,
-                                NodeOperand, ACCESS)
+                                ACCESS)
 
 
 def _fill(graph, program, kind_of_type, batches):
@@ -219,7 +218,7 @@ def _fill(graph, program, kind_of_type, batches):
     (steps, rows, program.input_values, program.input_nodes, where, outputs, slots,
      width) = _native.fill(batches, graph.nodes, graph.type_of, graph.duplicate_of,
                            graph.operands, len(graph.signatures), type_kinds, kinds,
-                           program.computed, NodeOperand, ACCESS)
+                           program.computed, ACCESS)
     program.steps = np.frombuffer(steps, np.int32).reshape(-1, width)
     program.rows = np.frombuffer(rows, np.int32)
     program.places = (where, outputs, slots)

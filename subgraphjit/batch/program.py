@@ -34,7 +34,6 @@ from .. import _native
 from ..patch import spec as specs
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
-from .graph import NodeOperand
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
@@ -599,7 +598,7 @@ def run(program, compiled, graph, statistics, swallowed):
             if unbatched:
                 statistics["unbatched"][f"{kind.row.name}: no batch rule"] += unbatched
     results = _native.write_back(graph.nodes, graph.operands, *program.places,
-                                 list(outputs), swallowed, NodeOperand, ACCESS)
+                                 list(outputs), swallowed, ACCESS)
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
     # is taken now, while the tape sees the op.
