@@ -37,6 +37,7 @@ new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
         return NULL;
     node->id = id;
     node->consumers = 0;
+    node->swallowed = 0;
     node->row = Py_NewRef(row);
     node->inputs = Py_NewRef(inputs);
     node->attrs = Py_NewRef(attrs);
@@ -117,6 +118,9 @@ static PyMemberDef node_members[] = {
      "global id, increasing: ids are a topological order"},
     {"consumers", T_PYSSIZET, offsetof(Node, consumers), 0,
      "nodes recorded with this one as an operand"},
+    {"swallowed", T_BOOL, offsetof(Node, swallowed), 0,
+     "inside a matched pattern (or an output a compiled program did not "
+     "keep): computed only if asked for, not when its scope closes"},
     {"row", T_OBJECT_EX, offsetof(Node, row), 0, "the op-table row"},
     {"inputs", T_OBJECT_EX, offsetof(Node, inputs), 0,
      "operands: VirtualNodes, tensors, variables or Python values"},

@@ -135,19 +135,18 @@ done:
 /* -- a closing scope's nodes -------------------------------------------------- */
 
 PyDoc_STRVAR(scope_leftovers_doc,
-"scope_leftovers(recorded, swallowed)\n--\n\n"
+"scope_leftovers(recorded)\n--\n\n"
 "The nodes of a closing scope still to evaluate, in order.  First, newest\n"
 "first, every node only the list ``recorded`` references is dropped from\n"
 "it (which frees the operands only it read); then the unevaluated nodes\n"
-"are returned, except those whose id is in the set ``swallowed`` and\n"
+"are returned, except swallowed ones (``VirtualNode.swallowed``) and\n"
 "access nodes of those.  ``recorded`` is changed in place.");
 
 static PyObject *
 scope_leftovers(PyObject *module, PyObject *args)
 {
-    PyObject *recorded, *swallowed;
-    if (!PyArg_ParseTuple(args, "O!O!:scope_leftovers", &PyList_Type, &recorded,
-                          &PySet_Type, &swallowed))
+    PyObject *recorded;
+    if (!PyArg_ParseTuple(args, "O!:scope_leftovers", &PyList_Type, &recorded))
         return NULL;
     /* Dropping a node frees plain values, but a weakref callback on a
      * node could run Python code: the size is checked at every step. */
@@ -163,32 +162,18 @@ scope_leftovers(PyObject *module, PyObject *args)
     PyObject *left = PyList_New(0);
     if (left == NULL)
         return NULL;
-    int any_swallowed = PySet_GET_SIZE(swallowed) > 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(recorded); i++) {
         PyObject *item = PyList_GET_ITEM(recorded, i);
         if (!Py_IS_TYPE(item, node_type) || !unevaluated((Node *)item))
             continue;
         Node *node = (Node *)item;
-        if (any_swallowed) {
-            Node *checked = node;
-            if (access_row != NULL && node->row == access_row
-                    && PyTuple_Check(node->inputs)
-                    && PyTuple_GET_SIZE(node->inputs) > 0
-                    && Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type))
-                checked = (Node *)PyTuple_GET_ITEM(node->inputs, 0);
-            int in = 0;
-            for (int pass = 0; pass < 1 + (checked != node) && !in; pass++) {
-                PyObject *id = PyLong_FromLongLong(pass ? checked->id : node->id);
-                in = id == NULL ? -1 : PySet_Contains(swallowed, id);
-                Py_XDECREF(id);
-            }
-            if (in < 0) {
-                Py_DECREF(left);
-                return NULL;
-            }
-            if (in)
-                continue;
-        }
+        Node *source = node;   /* an access node goes with its source */
+        if (access_row != NULL && node->row == access_row
+                && PyTuple_Check(node->inputs) && PyTuple_GET_SIZE(node->inputs) > 0
+                && Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type))
+            source = (Node *)PyTuple_GET_ITEM(node->inputs, 0);
+        if (node->swallowed || source->swallowed)
+            continue;
         if (PyList_Append(left, item) < 0) {
             Py_DECREF(left);
             return NULL;

@@ -767,7 +767,7 @@ match(PyObject *module, PyObject *args)
  * walk's inputs at the argument positions, and the subgraph's other nodes
  * are recorded as swallowed.  Returns the new inputs (borrowed), or NULL. */
 static PyObject *
-rewrite(Node *node, PyObject *entry, Run *run, PyObject *swallowed)
+rewrite(Node *node, PyObject *entry, Run *run)
 {
     PyObject *positions = PyTuple_GET_ITEM(entry, 2);
     Py_ssize_t count = PyTuple_GET_SIZE(positions);
@@ -789,15 +789,8 @@ rewrite(Node *node, PyObject *entry, Run *run, PyObject *swallowed)
         PyTuple_SET_ITEM(operands, i, Py_NewRef(run->inputs[position]));
     }
     /* The root is the last of the walk's nodes; the others are swallowed. */
-    for (Py_ssize_t i = 0; i + 1 < run->node_count; i++) {
-        PyObject *id = PyLong_FromLongLong(((Node *)run->nodes[i])->id);
-        if (id == NULL || PySet_Add(swallowed, id) < 0) {
-            Py_XDECREF(id);
-            Py_DECREF(operands);
-            return NULL;
-        }
-        Py_DECREF(id);
-    }
+    for (Py_ssize_t i = 0; i + 1 < run->node_count; i++)
+        ((Node *)run->nodes[i])->swallowed = 1;
     Py_XSETREF(node->row, Py_NewRef(PyTuple_GET_ITEM(entry, 1)));
     Py_XSETREF(node->attrs, PyTuple_New(0));
     Py_XSETREF(node->inputs, operands);
@@ -865,23 +858,23 @@ bad:
 }
 
 PyDoc_STRVAR(replace_doc,
-"replace(roots, candidates, labels, swallowed)\n--\n\n"
+"replace(roots, candidates, labels)\n--\n\n"
 "Stage 2 of the pattern search: a queue search from ``roots`` (nodes)\n"
 "tries each reached node's candidates (``candidates`` maps its row to a\n"
 "tuple of (MatchProgram, pattern row, argument positions), in the order\n"
 "to try); the first that matches rewrites the node in place into one\n"
-"running the pattern on the walk's inputs at the argument positions, adds\n"
-"the ids of the subgraph's other nodes to the set ``swallowed``, and the\n"
-"search goes on from those inputs; a node that matches nothing is passed\n"
+"running the pattern on the walk's inputs at the argument positions,\n"
+"marks the subgraph's other nodes swallowed, and the search goes on\n"
+"from those inputs; a node that matches nothing is passed\n"
 "by, and the search goes on from its operands.  Only unevaluated nodes\n"
 "are reached.  Returns (reached, replaced): lists of nodes, in id order.");
 
 static PyObject *
 replace(PyObject *module, PyObject *args)
 {
-    PyObject *roots, *given_candidates, *given, *swallowed;
-    if (!PyArg_ParseTuple(args, "OO!OO!:replace", &roots, &PyDict_Type,
-                          &given_candidates, &given, &PySet_Type, &swallowed))
+    PyObject *roots, *given_candidates, *given;
+    if (!PyArg_ParseTuple(args, "OO!O:replace", &roots, &PyDict_Type,
+                          &given_candidates, &given))
         return NULL;
     /* Copies: Python code run by label callbacks cannot change them. */
     PyObject *root_list = PySequence_Fast(roots, "replace(): roots must be "
@@ -951,7 +944,7 @@ replace(PyObject *module, PyObject *args)
             if (found < 0)
                 goto done;
             if (found) {   /* the first match wins: the largest pattern */
-                operands = rewrite(node, entry, &run, swallowed);
+                operands = rewrite(node, entry, &run);
                 if (operands == NULL)
                     goto done;
                 if (ptr_push(&replaced, (PyObject *)node) < 0)

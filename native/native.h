@@ -24,6 +24,9 @@ typedef struct Node {
         struct Node *next_release;  /* while queued in node_dealloc */
     };
     Py_ssize_t consumers;   /* nodes recorded with this one as an operand */
+    char swallowed;         /* inside a matched pattern, or an output a
+                               compiled program did not keep: computed only
+                               if asked for, not when its scope closes */
     PyObject *row;          /* the op-table row (OpRow) */
     PyObject *inputs;       /* operands: nodes, tensors, variables, values */
     PyObject *attrs;        /* the op's other arguments, hashable */

@@ -721,23 +721,21 @@ int32_view(PyObject *bytes, Py_ssize_t count, const char *what)
 }
 
 PyDoc_STRVAR(write_back_doc,
-"write_back(nodes, operands, where, outputs, slots, buffers, swallowed,\n"
+"write_back(nodes, operands, where, outputs, slots, buffers,\n"
 "           access_row)\n--\n\n"
 "Leave each node's value as its row of the program's ``buffers`` (fill's\n"
 "arrays say where) and drop its operands; a node with an output not kept\n"
-"stays unevaluated, and its id joins the set ``swallowed``.  Returns the\n"
-"nodes nothing consumes that were given a row, whose values the caller\n"
-"takes at once.");
+"stays unevaluated and is marked swallowed.  Returns the nodes nothing\n"
+"consumes that were given a row, whose values the caller takes at once.");
 
 static PyObject *
 write_back(PyObject *module, PyObject *args)
 {
     PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
-             *swallowed, *access_row;
-    if (!PyArg_ParseTuple(args, "O!O!SSSO!O!O:write_back", &PyList_Type, &nodes,
+             *access_row;
+    if (!PyArg_ParseTuple(args, "O!O!SSSO!O:write_back", &PyList_Type, &nodes,
                           &PyList_Type, &operands, &where_bytes, &outputs_bytes,
-                          &slots_bytes, &PyList_Type, &buffers, &PySet_Type,
-                          &swallowed, &access_row))
+                          &slots_bytes, &PyList_Type, &buffers, &access_row))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(nodes);
     Py_ssize_t slot_count = PyBytes_GET_SIZE(slots_bytes) / (2 * (Py_ssize_t)sizeof(int));
@@ -829,13 +827,7 @@ write_back(PyObject *module, PyObject *args)
             goto fail;
         continue;
 swallow:
-        {
-            PyObject *id = PyLong_FromLongLong(node->id);
-            int added = id == NULL ? -1 : PySet_Add(swallowed, id);
-            Py_XDECREF(id);
-            if (added < 0)
-                goto fail;
-        }
+        node->swallowed = 1;
         continue;
 fail_node:
         Py_XDECREF(batch);

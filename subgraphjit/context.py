@@ -171,10 +171,6 @@ class Context:
         # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
-        # Ids of nodes inside a replaced pattern, or whose output a compiled
-        # program did not keep, computed only on demand: closing scopes skip
-        # them.
-        self.swallowed = set()
         self.session = 0
         self.reset_stats()
 
@@ -221,11 +217,10 @@ class Context:
         # nodes, a lookup of a variable's rows would add an entry to the
         # variable's IndexedSlices gradient that eager TensorFlow has not.
         # Usually a build in the scope has evaluated nearly everything, and
-        # nodes inside patterns (``swallowed``) are computed only if asked
-        # for.  (In C: this visits every node recorded in the scope.)
-        recorded = scope_leftovers(recorded, self.swallowed)
-        if not self.scopes:
-            self.swallowed.clear()
+        # nodes inside patterns (``VirtualNode.swallowed``) are computed
+        # only if asked for.  (In C: this visits every node recorded in the
+        # scope.)
+        recorded = scope_leftovers(recorded)
         # The collector comes back on last: turned on while the scope's
         # nodes were still being dropped, it swept all the young objects
         # the scope made (a 256-tree minibatch's compiled program leaves

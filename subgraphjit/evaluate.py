@@ -133,8 +133,7 @@ def _run(nodes, required):
     before = statistics["batches"]
     graph = batch.execute(nodes, statistics, _scheduler(scheduler),
                           context.parameters["layout"],
-                          context.parameters["compile"], required,
-                          context.swallowed)
+                          context.parameters["compile"], required)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

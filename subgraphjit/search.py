@@ -156,7 +156,7 @@ class PatternSearch:
                            candidates, key=lambda candidate: -candidate[1].op_count))
             for row, candidates in by_row.items()}
         reached, replaced = _native.replace(
-            roots, candidates_by_row, signer.match_labels(), context.swallowed)
+            roots, candidates_by_row, signer.match_labels())
         for row, matches in collections.Counter(node.row for node in replaced).items():
             row.pattern.matches += matches
         context.pattern_matches += len(replaced)

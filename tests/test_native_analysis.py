@@ -311,6 +311,7 @@ def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowe
     evaluated = make_node(3, [held], state=1)
     batched = make_node(4, [held], state=2)
     swallowed = make_node(5, [held])
+    swallowed.swallowed = True
     access = VirtualNode(6, ACCESS, (swallowed,), (0,), None, None)
     other_access = VirtualNode(7, ACCESS, (held,), (0,), None, None)
     reader = make_node(8, [dropped_only_here])   # only the list holds it too
@@ -319,13 +320,13 @@ def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowe
                 other_access, reader, "not a node"]
     del dropped_only_here, reader
     keep = [held, evaluated, batched, swallowed, access, other_access]
-    left = _native.scope_leftovers(recorded, {5})
+    left = _native.scope_leftovers(recorded)
     assert left == [held, other_access]
     assert probe() is None   # freed once its only reader was
     assert recorded[1] is None and recorded[7] is None
-    assert _native.scope_leftovers(list(keep), set()) == [held, swallowed, access,
-                                                          other_access]
-    for bad in [(keep, frozenset()), (tuple(keep), set()), (keep,)]:
+    swallowed.swallowed = False
+    assert _native.scope_leftovers(list(keep)) == [held, swallowed, access, other_access]
+    for bad in [(tuple(keep),), (keep, set()), ()]:
         with pytest.raises(TypeError):
             _native.scope_leftovers(*bad)
 

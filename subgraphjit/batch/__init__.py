@@ -22,13 +22,13 @@ from .schedulers import schedule
 
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
-            required=(), swallowed=None):
+            required=()):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
     With ``compile_after`` > 0 the graph is planned as a program, which
     runs as one compiled call once its key has been seen that many times
     (plan.py, program.py); otherwise, and until then, the scheduler's
     batches run one by one.  A program's nodes whose outputs it did not
-    keep join ``swallowed`` (computed only if asked for)."""
+    keep are marked swallowed (computed only if asked for)."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     batches = schedule(graph, scheduler)
@@ -46,8 +46,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     analysed = time.perf_counter()
     if compiled is not None:
         try:
-            program.run(the_program, compiled, graph, statistics,
-                        set() if swallowed is None else swallowed)
+            program.run(the_program, compiled, graph, statistics)
         except tf.errors.OpError:
             # A bad value in some instance: run step by step, whose error
             # names the instance's own line.

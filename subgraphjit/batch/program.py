@@ -579,10 +579,10 @@ def _each_instance(kind, values, flags, count):
     return results if row.multi_output else results[0]
 
 
-def run(program, compiled, graph, statistics, swallowed):
+def run(program, compiled, graph, statistics):
     """Run ``program`` with its compiled form and leave each node's value as
     its row of a buffer (``_native.write_back``: a loop over every node).
-    A node with an output not kept joins ``swallowed`` (like a node inside
+    A node with an output not kept is marked swallowed (like a node inside
     a pattern: left unevaluated, with its inputs, and computed only if
     someone asks; a multi-output node's kept outputs' access nodes have
     rows of their own)."""
@@ -598,7 +598,7 @@ def run(program, compiled, graph, statistics, swallowed):
             if unbatched:
                 statistics["unbatched"][f"{kind.row.name}: no batch rule"] += unbatched
     results = _native.write_back(graph.nodes, graph.operands, *program.places,
-                                 list(outputs), swallowed, ACCESS)
+                                 list(outputs), ACCESS)
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
     # is taken now, while the tape sees the op.
