@@ -225,8 +225,10 @@ def main():
                        wanted in name for wanted in arguments.systems)}
     per_instance = {"eager TensorFlow", "eager, cells in tf.function"}
     has_dynet = importlib.util.find_spec("dynet") is not None
-    wants_dynet = not arguments.systems or any(
-        wanted in "DyNet autobatch" for wanted in arguments.systems)
+    dynet_strategies = [(strategy, label) for strategy, label in ((1, "agenda"), (2, "depth"))
+                        if not arguments.systems or any(
+                            wanted in f"DyNet autobatch {label}"
+                            for wanted in arguments.systems)]
 
     rate, floor_train, floor_infer = compute_floor(trees)
     print(f"SST Tree-LSTM, embedding 300, hidden 150, first {len(trees)} training "
@@ -256,8 +258,8 @@ def main():
             front_end = (front_end_rate(model, batches, vocabulary)
                          if name.startswith("subgraphjit") else None)
             rows.append((name, *speeds, front_end, warm_up, programs))
-        if has_dynet and wants_dynet:
-            for strategy, label in ((1, "agenda"), (2, "depth")):
+        if has_dynet:
+            for strategy, label in dynet_strategies:
                 speeds = dynet_rates(strategy, batch_size, arguments)
                 rows.append((f"DyNet autobatch {label}", speeds["train"],
                              speeds["infer"], None, None, None))

@@ -1031,6 +1031,11 @@ work_table_free(WorkTable *work)
 static int
 signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
 {
+    if (node->row == NULL || node->attrs == NULL || !PyTuple_Check(node->attrs)) {
+        /* (changed by a callback since describe_node checked them) */
+        PyErr_Format(PyExc_TypeError, "node %lld has no row or attrs tuple", node->id);
+        return -1;
+    }
     Py_hash_t attrs = checked_hash(node->attrs);
     if (attrs == -1)
         return -1;
@@ -1151,7 +1156,7 @@ intern_type(Describe *d, TypeTable *types, Node *node, PartArray *parts,
         if (types->parts.size == types->parts.capacity
                 && array_grow((void **)&types->parts.items, &types->parts.capacity,
                               sizeof(Part)) < 0) {
-            parts_release(&types->parts, first);
+            types->parts.size = first;   /* the references stay the caller's */
             return -1;
         }
         types->parts.items[types->parts.size++] = parts->items[i];
@@ -1214,7 +1219,7 @@ same_work(WorkTable *work, Py_ssize_t type, Py_ssize_t index, IdentArray *idents
         if (work->idents.size == work->idents.capacity
                 && array_grow((void **)&work->idents.items, &work->idents.capacity,
                               sizeof(Ident)) < 0) {
-            idents_release(&work->idents, first);
+            work->idents.size = first;   /* the references stay the caller's */
             return -1;
         }
         work->idents.items[work->idents.size++] = idents->items[i];
