@@ -831,13 +831,6 @@ pointer_hash(const void *pointer)
     return (Py_uhash_t)(uintptr_t)pointer * 0x9E3779B97F4A7C15ull;
 }
 
-/* -1 on error (Python's hash never gives -1). */
-static Py_hash_t
-checked_hash(PyObject *object)
-{
-    return PyObject_Hash(object);
-}
-
 static int
 part_hash(const Part *part, Py_uhash_t *hash)
 {
@@ -845,7 +838,7 @@ part_hash(const Part *part, Py_uhash_t *hash)
         *hash = mix(*hash, pointer_hash(part->object) + (Py_uhash_t)part->tag);
         return 0;
     }
-    Py_hash_t value = checked_hash(part->object);
+    Py_hash_t value = PyObject_Hash(part->object);
     if (value == -1)
         return -1;
     *hash = mix(mix(*hash, pointer_hash(Py_TYPE(part->object))), (Py_uhash_t)value);
@@ -876,7 +869,7 @@ ident_hash(const Ident *ident, Py_uhash_t *hash)
         value = (Py_hash_t)pointer_hash(ident->object);
         break;
     case IDENT_INDEX:
-        value = ident->object == Py_None ? 0 : checked_hash(ident->object);
+        value = ident->object == Py_None ? 0 : PyObject_Hash(ident->object);
         if (value == -1)
             return -1;
         value = (Py_hash_t)mix((Py_uhash_t)value, (Py_uhash_t)ident->index);
@@ -884,7 +877,7 @@ ident_hash(const Ident *ident, Py_uhash_t *hash)
     case IDENT_INTS: {   /* a list: hashed by its items, as its tuple was */
         Py_uhash_t items = 0;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ident->object); i++) {
-            Py_hash_t item = checked_hash(PyList_GET_ITEM(ident->object, i));
+            Py_hash_t item = PyObject_Hash(PyList_GET_ITEM(ident->object, i));
             if (item == -1)
                 return -1;
             items = mix(items, (Py_uhash_t)item);
@@ -893,7 +886,7 @@ ident_hash(const Ident *ident, Py_uhash_t *hash)
         break;
     }
     default:
-        value = checked_hash(ident->object);
+        value = PyObject_Hash(ident->object);
         if (value == -1)
             return -1;
     }
@@ -1036,7 +1029,7 @@ signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
         PyErr_Format(PyExc_TypeError, "node %lld has no row or attrs tuple", node->id);
         return -1;
     }
-    Py_hash_t attrs = checked_hash(node->attrs);
+    Py_hash_t attrs = PyObject_Hash(node->attrs);
     if (attrs == -1)
         return -1;
     *hash = mix(pointer_hash(node->row), (Py_uhash_t)attrs);
