@@ -833,6 +833,8 @@ sort_by_id(PyObject **items, Py_ssize_t count)
     for (Py_ssize_t i = 0; i < sorted; i++)
         items[i] = keyed[i].node;
     PyMem_Free(keyed);
+    if (sorted >= 0 && sorted != count)
+        PyErr_SetString(PyExc_ValueError, "two nodes given share an id");
     return sorted == count ? 0 : -1;
 }
 

@@ -10,7 +10,6 @@
 
 #include "containers.h"
 
-
 /* -- reading Python values -------------------------------------------------- */
 
 /* An int in [low, high), else an error naming ``what``. */
