@@ -54,17 +54,19 @@ def evaluate(targets, required=None):
     if not nodes:
         return
     started = time.perf_counter()
-    if context.parameters["granularity"] != "op":
-        nodes = search.optimize(nodes, targets,
-                                targets if required is None else required)
-    context.session += 1
-    before = context.stats() if context.parameters["debug"] else None
-    # Evaluation allocates many short-lived objects but frees none of its
-    # own cycles; without this, Python's cyclic collector would sweep the
-    # whole heap (TensorFlow's included) several times per evaluation.
+    # Evaluation (the pattern search included) allocates many short-lived
+    # objects but frees none of its own cycles; without this, Python's
+    # cyclic collector would sweep the whole heap (TensorFlow's included)
+    # several times per evaluation.  (A scope's own evaluation, such as
+    # tf.batching()'s on exit, runs after the scope turned it back on.)
     collector_was_on = gc.isenabled()
     gc.disable()
     try:
+        if context.parameters["granularity"] != "op":
+            nodes = search.optimize(nodes, targets,
+                                    targets if required is None else required)
+        context.session += 1
+        before = context.stats() if context.parameters["debug"] else None
         launches = _run(nodes, targets if required is None else required)
     finally:
         if collector_was_on:
