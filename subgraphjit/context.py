@@ -98,8 +98,8 @@ PARAMETERS = {
         "batch/program.py) once its program's key is this many of the last "
         "16 evaluations' keys, so that a model whose keys keep changing "
         "never compiles (4, the default: faster than step by step for the "
-        "example tree models, and for the SST Tree-LSTM at batch 25 and "
-        "256, as fast for its inference at 256; see BENCHMARKS.md); "
+        "example tree models, and for the SST Tree-LSTM's training and "
+        "inference at batch 25 and 256; see BENCHMARKS.md); "
         "0: never, every batch runs as its own op"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
