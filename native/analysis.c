@@ -73,12 +73,7 @@ unevaluated_ancestors(PyObject *module, PyObject *targets)
                 goto done;
         }
     }
-    found.size = keyed_sort(found.items, found.size);
-    result = found.size < 0 ? NULL : PyList_New(found.size);
-    if (result == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < found.size; i++)
-        PyList_SET_ITEM(result, i, Py_NewRef(found.items[i].node));
+    result = keyed_list(&found);
 done:
     PyMem_Free(stack.items);
     PyMem_Free(found.items);
@@ -122,10 +117,7 @@ search_roots(PyObject *module, PyObject *args)
         if (wanted && keyed_push(&found, (Node *)item) < 0)
             goto done;
     }
-    found.size = keyed_sort(found.items, found.size);   /* once each */
-    result = found.size < 0 ? NULL : PyList_New(found.size);
-    for (Py_ssize_t i = 0; result != NULL && i < found.size; i++)
-        PyList_SET_ITEM(result, i, Py_NewRef(found.items[i].node));
+    result = keyed_list(&found);   /* (a node given twice: once) */
 done:
     PyMem_Free(found.items);
     Py_DECREF(given);
@@ -168,7 +160,7 @@ scope_leftovers(PyObject *module, PyObject *args)
             continue;
         Node *node = (Node *)item;
         Node *source = node;   /* an access node goes with its source */
-        if (access_row != NULL && node->row == access_row
+        if (access_row != NULL && node->row == access_row && node->inputs != NULL
                 && PyTuple_Check(node->inputs) && PyTuple_GET_SIZE(node->inputs) > 0
                 && Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type))
             source = (Node *)PyTuple_GET_ITEM(node->inputs, 0);
@@ -581,6 +573,17 @@ done:
 
 /* -- the BatchGraph's description ------------------------------------------- */
 
+/* The power-of-two size of an open-addressing table that holds ``count``
+ * entries at most half full (probes stay short), sized once. */
+static size_t
+half_full_capacity(Py_ssize_t count)
+{
+    size_t capacity = 64;
+    while (capacity < 2 * (size_t)count + 2)
+        capacity *= 2;
+    return capacity;
+}
+
 /* Node id -> graph index (BatchGraph's ``index_of``).  Ids increase in
  * recording order, so a graph's ids usually fill most of their range: then
  * the map is an array over the range, whose look-ups of recent operands hit
@@ -629,9 +632,7 @@ idmap_init(IdMap *map, PyObject *nodes)
             map->dense[i] = -1;
         return 0;
     }
-    size_t capacity = 64;
-    while (capacity < 2 * (size_t)count + 2)
-        capacity *= 2;
+    size_t capacity = half_full_capacity(count);
     map->mask = capacity - 1;
     map->keys = PyMem_New(long long, capacity);
     map->values = PyMem_New(Py_ssize_t, capacity);
@@ -687,19 +688,10 @@ enum { KIND_NUMBER, KIND_TENSOR, KIND_VARIABLE, KIND_OTHER };
 static int
 operand_kind(Describe *d, PyObject *operand)
 {
-    PyObject *type = (PyObject *)Py_TYPE(operand);
-    PyObject *kind = PyDict_GetItemWithError(d->kind_cache, type);
-    if (kind == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        kind = PyObject_CallOneArg(d->kind_of, operand);
-        if (kind == NULL)
-            return -1;
-        int stored = PyDict_SetItem(d->kind_cache, type, kind);
-        Py_DECREF(kind);   /* the cache holds it */
-        if (stored < 0)
-            return -1;
-    }
+    PyObject *kind = memo(d->kind_cache, (PyObject *)Py_TYPE(operand), d->kind_of,
+                          operand);
+    if (kind == NULL)
+        return -1;
     long value = PyLong_AsLong(kind);
     if ((value == -1 && PyErr_Occurred()) || value < KIND_NUMBER || value > KIND_OTHER) {
         if (!PyErr_Occurred())
@@ -713,21 +705,13 @@ operand_kind(Describe *d, PyObject *operand)
 static PyObject *
 row_entry(Describe *d, PyObject *row)
 {
-    PyObject *entry = PyDict_GetItemWithError(d->row_cache, row);
-    if (entry != NULL || PyErr_Occurred())
-        return entry;
-    entry = PyObject_CallOneArg(d->row_info, row);
-    if (entry == NULL)
-        return NULL;
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
-        Py_DECREF(entry);
+    PyObject *entry = memo(d->row_cache, row, d->row_info, row);
+    if (entry != NULL && (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)) {
         PyErr_SetString(PyExc_TypeError,
                         "row_info must give (index_positions, gathers)");
         return NULL;
     }
-    int stored = PyDict_SetItem(d->row_cache, row, entry);
-    Py_DECREF(entry);   /* the cache holds it */
-    return stored < 0 ? NULL : entry;
+    return entry;
 }
 
 /* A node's signature and identity are C values, compared and hashed here:
@@ -913,8 +897,7 @@ ident_equal(const Ident *a, const Ident *b)
     }
 }
 
-/* Open-addressing slots (entry numbers, -1 empty), sized once for
- * ``count`` entries at most half full. */
+/* Open-addressing slots (entry numbers, -1 empty) for ``count`` entries. */
 typedef struct {
     int *slots;   /* int32: half the memory to miss in */
     size_t mask;
@@ -923,13 +906,11 @@ typedef struct {
 static int
 slots_init(Slots *slots, Py_ssize_t count)
 {
-    size_t capacity = 64;
-    while (capacity < 2 * (size_t)count + 2)
-        capacity *= 2;
     if (count > 1000000000) {
         PyErr_SetString(PyExc_OverflowError, "too many nodes for one graph");
         return -1;
     }
+    size_t capacity = half_full_capacity(count);
     slots->mask = capacity - 1;
     slots->slots = PyMem_New(int, capacity);
     if (slots->slots == NULL) {

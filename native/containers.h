@@ -68,6 +68,26 @@ int_push(IntArray *array, Py_ssize_t value)
     return 0;
 }
 
+/* -- a Python callback's results, once per key --------------------------------- */
+
+/* ``fill(argument)``, called once per ``key`` of the dict ``cache``: a
+ * borrowed reference (the cache holds it), or NULL with an exception set.
+ * For the rare-case callbacks the passes ask about a row or an operand
+ * type, which thousands of nodes share. */
+static inline PyObject *
+memo(PyObject *cache, PyObject *key, PyObject *fill, PyObject *argument)
+{
+    PyObject *found = PyDict_GetItemWithError(cache, key);
+    if (found != NULL || PyErr_Occurred())
+        return found;
+    found = PyObject_CallOneArg(fill, argument);
+    if (found == NULL)
+        return NULL;
+    int stored = PyDict_SetItem(cache, key, found);
+    Py_DECREF(found);   /* the cache holds it */
+    return stored < 0 ? NULL : found;
+}
+
 /* -- a set of node ids ------------------------------------------------------ */
 
 /* Open addressing, kept at most half full, so probes stay short (ids are
@@ -343,6 +363,21 @@ keyed_push(KeyedArray *array, Node *node)
         return -1;
     array->items[array->size++] = (Keyed){node->id, (PyObject *)node};
     return 0;
+}
+
+/* The nodes of ``array`` as a new list in id order, each once (the array
+ * is sorted, and shortened, in place), or NULL with an exception set. */
+static inline PyObject *
+keyed_list(KeyedArray *array)
+{
+    Py_ssize_t count = keyed_sort(array->items, array->size);
+    if (count < 0)
+        return NULL;
+    array->size = count;
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t i = 0; list != NULL && i < count; i++)
+        PyList_SET_ITEM(list, i, Py_NewRef(array->items[i].node));
+    return list;
 }
 
 #endif

@@ -3,7 +3,7 @@
  * multi-output pattern node's outputs is joined to it, where that makes
  * neither wait (subgraphjit/search.py, PatternSearch._fuse, says when and
  * why).  This runs over every pattern node of every minibatch. */
-#include "native.h"
+#include "containers.h"
 
 static PyObject *str_row, *str_pattern, *str_output, *str_argument;
 
@@ -14,18 +14,9 @@ enum { MULTI_OUTPUT = 1, PRODUCER = 2 };
 static int
 kind_of_row(PyObject *row, PyObject *row_kind, PyObject *cache)
 {
-    PyObject *kind = PyDict_GetItemWithError(cache, row);
-    if (kind == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        kind = PyObject_CallOneArg(row_kind, row);
-        if (kind == NULL)
-            return -1;
-        int stored = PyDict_SetItem(cache, row, kind);
-        Py_DECREF(kind);   /* the cache holds it */
-        if (stored < 0)
-            return -1;
-    }
+    PyObject *kind = memo(cache, row, row_kind, row);
+    if (kind == NULL)
+        return -1;
     long value = PyLong_AsLong(kind);
     if (value == -1 && PyErr_Occurred())
         return -1;

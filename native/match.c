@@ -802,7 +802,7 @@ rewrite(Node *node, PyObject *entry, Run *run)
  * holds a reference to each.  No Python code runs here. */
 static int
 enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
-        PtrArray *reached)
+        KeyedArray *reached)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
     for (Py_ssize_t i = 0; i < size; i++) {
@@ -810,32 +810,12 @@ enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
         if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
         int added = idbits_add(ids, ((Node *)operand)->id);
-        if (added < 0 || (added && ptr_push(reached, operand) < 0))
+        if (added < 0 || (added && keyed_push(reached, (Node *)operand) < 0))
             return -1;
         if (added)
             Py_INCREF(operand);
     }
     return 0;
-}
-
-/* Sorts distinct nodes by id (keyed_sort, containers.h). */
-static int
-sort_by_id(PyObject **items, Py_ssize_t count)
-{
-    Keyed *keyed = PyMem_New(Keyed, count + 1);
-    if (keyed == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++)
-        keyed[i] = (Keyed){((Node *)items[i])->id, items[i]};
-    Py_ssize_t sorted = keyed_sort(keyed, count);
-    for (Py_ssize_t i = 0; i < sorted; i++)
-        items[i] = keyed[i].node;
-    PyMem_Free(keyed);
-    if (sorted >= 0 && sorted != count)
-        PyErr_SetString(PyExc_ValueError, "two nodes given share an id");
-    return sorted == count ? 0 : -1;
 }
 
 /* The candidates for a node: a tuple of (MatchProgram, row,
@@ -897,7 +877,7 @@ replace(PyObject *module, PyObject *args)
     /* ``reached`` is also the queue: nodes are popped in the order they
      * are reached.  It holds a reference to each; ``replaced`` borrows. */
     PyObject *result = NULL, *stack[STACK_SLOTS];
-    PtrArray reached = {0}, replaced = {0};
+    KeyedArray reached = {0}, replaced = {0};
     Py_ssize_t head = 0;
     IdBits ids = {0};
     Run run;
@@ -931,7 +911,7 @@ replace(PyObject *module, PyObject *args)
         goto done;
 
     while (head < reached.size) {
-        Node *node = (Node *)reached.items[head++];
+        Node *node = (Node *)reached.items[head++].node;
         PyObject *operands = NULL;
         entries = node->row == NULL ? NULL
                   : PyDict_GetItemWithError(candidates, node->row);
@@ -949,7 +929,7 @@ replace(PyObject *module, PyObject *args)
                 operands = rewrite(node, entry, &run);
                 if (operands == NULL)
                     goto done;
-                if (ptr_push(&replaced, (PyObject *)node) < 0)
+                if (keyed_push(&replaced, node) < 0)
                     goto done;
                 break;
             }
@@ -960,14 +940,10 @@ replace(PyObject *module, PyObject *args)
                 && enqueue(operands, 1, &ids, &reached) < 0)
             goto done;
     }
-    /* (The arrays hold nodes only.) */
-    PyObject **reached_nodes = (PyObject **)reached.items;
-    PyObject **replaced_nodes = (PyObject **)replaced.items;
-    if (sort_by_id(reached_nodes, reached.size) < 0
-            || sort_by_id(replaced_nodes, replaced.size) < 0)
-        goto done;
-    PyObject *reached_list = list_of(reached_nodes, reached.size);
-    PyObject *replaced_list = list_of(replaced_nodes, replaced.size);
+    /* (Each node is reached once: the sorts drop nothing ``reached``
+     * holds a reference to.) */
+    PyObject *reached_list = keyed_list(&reached);
+    PyObject *replaced_list = reached_list == NULL ? NULL : keyed_list(&replaced);
     if (reached_list != NULL && replaced_list != NULL)
         result = PyTuple_Pack(2, reached_list, replaced_list);
     Py_XDECREF(reached_list);
@@ -976,7 +952,7 @@ done:
     if (running)
         run_end(&run, stack);
     for (Py_ssize_t i = 0; i < reached.size; i++)
-        Py_DECREF((PyObject *)reached.items[i]);
+        Py_DECREF(reached.items[i].node);
     PyMem_Free(reached.items);
     PyMem_Free(replaced.items);
     idbits_free(&ids);

@@ -54,7 +54,8 @@ unevaluated(Node *node)
 {
     return node->result == Py_None && node->batch == Py_None;
 }
-extern PyObject *access_row;
+
+extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */
 
 /* A BatchGraph operand that is a recorded node (_native.c). */
 typedef struct {
@@ -73,7 +74,7 @@ is_node_operand(PyObject *object)
 }
 
 /* A new NodeOperand (a new reference, or NULL with an exception set). */
-PyObject *node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node);      /* the ACCESS row setup() was given, or NULL */
+PyObject *node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node);
 
 /* _native.c: the spec of a non-empty list of Python ints (a new
  * reference), or NULL: with an exception set on failure, else the operand

@@ -24,8 +24,7 @@ import os
 import time
 from typing import Any, Callable
 
-from ._native import next_node_id  # the id the next node gets
-from ._native import scope_leftovers
+from ._native import next_node_id, scope_leftovers  # next_node_id: the id the next node gets
 
 
 @dataclasses.dataclass(frozen=True)
