@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
 from subgraphjit.context import PARAMETERS  # noqa: E402
-from subgraphjit.report import print_table  # noqa: E402
+from subgraphjit.report import forced_lines, print_table  # noqa: E402
 
 COLUMNS = ("construction", "optimization", "execution", "backward", "update")
 BACKENDS = ("tensorflow", "subgraphjit", "patterns")
@@ -214,10 +214,13 @@ def main(argv=None):
             numbers["batch_sizes"] = (
                 f"mean {sum(k * v for k, v in sizes.items()) / launches:.1f}, "
                 f"largest {max(sizes)}, {sizes.get(1, 0)} of {launches} of size 1")
+        forced = numbers.pop("forced_evaluations")
         for key, value in numbers.items():
             if isinstance(value, float):
                 value = f"{value:.3f}"
             print(f"  {key}: {value}")
+        for line in forced_lines(forced):
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -233,7 +233,8 @@ class Context:
         self.first_node_id = next_node_id()
         self.nodes_evaluated = 0
         self.evaluations = 0
-        self.fallbacks = collections.Counter()
+        # "<what> (<file>:<line>)" -> evaluations a read forced (forced.py)
+        self.forced_evaluations = collections.Counter()
         self.evaluate_seconds = 0.0
         self.batching = {
             "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
@@ -260,8 +261,8 @@ class Context:
             "nodes_recorded": next_node_id() - self.first_node_id,
             "nodes_evaluated": self.nodes_evaluated,
             "evaluations": self.evaluations,
-            "fallbacks": sum(self.fallbacks.values()),
-            "fallback_ops": dict(self.fallbacks),
+            # Commonest first.
+            "forced_evaluations": dict(self.forced_evaluations.most_common()),
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),

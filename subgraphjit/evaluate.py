@@ -42,17 +42,21 @@ def run_node(node):
     node.site = None
 
 
-def evaluate(targets, required=None):
+def evaluate(targets, required=None, forced_by=None):
     """Evaluate the VirtualNodes in ``targets`` (and what they depend on).
 
     ``required``: the nodes that must have values afterwards (all targets
     unless told otherwise).  A batching scope names none: its targets are
     everything recorded in it, and subgraph granularity may leave interior
     nodes of a pattern to be computed only if someone asks for them.
+    ``forced_by``: the read that asked for a value before its time, as
+    ``forced.forced_site`` describes it.
     """
     nodes = unevaluated_ancestors(targets)
     if not nodes:
         return
+    if forced_by is not None:
+        context.forced_evaluations[forced_by] += 1
     started = time.perf_counter()
     # Evaluation (the pattern search included) allocates many short-lived
     # objects but frees none of its own cycles; without this, Python's
@@ -76,10 +80,11 @@ def evaluate(targets, required=None):
     context.evaluate_seconds += time.perf_counter() - started
     if before is not None:
         print(debug_summary(before, context.stats(), len(nodes), launches,
-                            time.perf_counter() - started), file=sys.stderr)
+                            time.perf_counter() - started, forced_by),
+              file=sys.stderr)
 
 
-def debug_summary(before, after, nodes, launches, seconds):
+def debug_summary(before, after, nodes, launches, seconds, forced_by=None):
     """One screen about one evaluation (``SUBGRAPHJIT_DEBUG=1``)."""
     def grew(key):
         return after[key] - before[key]
@@ -100,6 +105,8 @@ def debug_summary(before, after, nodes, launches, seconds):
         f"{grew('execute_seconds') * 1e3:.1f} ms, duplicates skipped "
         f"{grew('duplicates_skipped')}",
     ]
+    if forced_by is not None:
+        lines.append(f"  forced by {forced_by}")
     if grew("search_seconds"):
         lines.append(f"  patterns: {grew('pattern_matches')} nodes replaced by "
                      f"{after['patterns']} patterns, {grew('pattern_fusions')} "

@@ -9,10 +9,11 @@ converting it to a tensor.
 
 import sys
 
+import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..context import context
+from ..forced import forced_site
 
 
 def _methods_for(native_type):
@@ -87,8 +88,11 @@ class VirtualNode:
         """The tf.Tensor this node stands for, evaluating it if needed."""
         if self.result is None:
             if self.batch is None:
+                # Read before a scope or tf.build evaluated it: an evaluation
+                # of its own, counted under the user's line that read it
+                # (the stack is looked at only here, never while recording).
                 from ..evaluate import evaluate
-                evaluate([self])
+                evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if self.result is None:
                 self.result = _row_of(self.batch, self.batch_row)
                 self.batch = None
@@ -102,14 +106,12 @@ class VirtualNode:
         return self.value().numpy()
 
     def __array__(self, dtype=None, copy=None):
-        array = self.value().numpy()
-        return array if dtype is None else array.astype(dtype)
+        # np.asarray: a scalar's .numpy() is a NumPy scalar, not an array.
+        return np.asarray(self.value().numpy(), dtype=dtype)
 
     def __tf_tensor__(self, dtype=None, name=None):
         # TensorFlow or Keras converting a node: an op outside the table, so
-        # it runs eagerly on the value; counted so users see what falls back.
-        if not self.evaluated:
-            context.fallbacks[_fallback_culprit()] += 1
+        # it runs eagerly on the value (forced_site names the op).
         return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
     def __bool__(self):
@@ -143,39 +145,3 @@ def _row_of(batch, row):
             return [output[r] for output, r in zip(batch, row)]
         return [output[row] for output in batch]
     return batch[row]
-
-
-_LIBRARY_PREFIXES = ("tensorflow", "keras", "tf_keras", "numpy")
-_GENERIC_WRAPPERS = {"op_dispatch_handler", "error_handler", "wrapper",
-                     "wrapped", "convert_to_tensor", "__call__"}
-
-
-def _fallback_culprit():
-    """Name the library function and the user's line that forced a value."""
-    frame = sys._getframe(2)
-    library_frames = []
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.startswith(_LIBRARY_PREFIXES):
-            library_frames.append(frame)
-        elif not module.startswith("subgraphjit") and library_frames:
-            break
-        frame = frame.f_back
-    if not library_frames:
-        return "convert_to_tensor"
-    # Outermost first: the function the user called, skipping dispatch layers.
-    name = None
-    for library_frame in reversed(library_frames):
-        code = library_frame.f_code
-        owner = library_frame.f_locals.get("self")
-        if code.co_name == "__call__" and owner is not None:
-            name = f"{type(owner).__name__}.__call__"
-            break
-        if code.co_name not in _GENERIC_WRAPPERS \
-                and "<locals>" not in code.co_qualname:
-            name = code.co_qualname
-            break
-    name = name or library_frames[-1].f_code.co_qualname
-    if frame is None:
-        return name
-    return f"{name} ({frame.f_code.co_filename}:{frame.f_lineno})"

@@ -1,0 +1,329 @@
+"""Why an evaluation was forced: what read a node's value, and on which line.
+
+A node whose value is read before its scope or ``tf.build`` evaluates it
+(``if tf.reduce_max(h) > 0.5:``, ``float(loss)``, printing, a TensorFlow
+function outside the op table) is evaluated on its own, so such a read
+inside a per-instance function keeps the instances from batching.
+``tf.stats()["forced_evaluations"]`` counts these evaluations by
+``"<what> (<file>:<line>)"``: the user's line (the innermost frame that is
+not subgraphjit, TensorFlow, Keras, NumPy or the standard library), and
+what read the value in the user's terms: ``if``, ``float()``, ``+``,
+``tf.nn.l2_normalize``.  The stack is walked only when a read forces an
+evaluation, never while recording.
+"""
+
+import ast
+import bisect
+import dis
+import functools
+import linecache
+import os
+import re
+import sys
+import sysconfig
+
+# Top-level packages whose frames are machinery the user calls, not the user's code.
+_LIBRARIES = frozenset({"tensorflow", "keras", "tf_keras", "numpy", "absl", "optree",
+                        "IPython", "ipykernel"})
+# ... of which these name their public functions with attributes, not modules.
+_NAMED_ELSEWHERE = frozenset({"tensorflow", "keras", "tf_keras", "subgraphjit"})
+_STANDARD_LIBRARY = sysconfig.get_paths()["stdlib"] + os.sep
+_SITE_PACKAGES = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+# Autograph rewrites the user's statements into calls of these operators.
+_AUTOGRAPH = "tensorflow.python.autograph."
+_AUTOGRAPH_STATEMENTS = {"if_stmt": "if", "if_exp": "if", "while_stmt": "while",
+                         "for_stmt": "for", "and_": "and", "or_": "or",
+                         "not_": "not", "assert_stmt": "assert"}
+# A node method reached from C code (``float(node)``, ``print(node)``) is
+# named by the call the user wrote; these are the names otherwise.
+_READERS = {"__bool__": "bool()", "__float__": "float()", "__int__": "int()",
+            "__index__": "index", "__round__": "round()", "__format__": "format()",
+            "__repr__": "repr()", "__str__": "str()",
+            "__array__": "NumPy conversion", "__tf_tensor__": "convert_to_tensor"}
+# ... except methods the user calls in Python, whose CALL would show the
+# user's variable name rather than the method.
+_METHODS = {"numpy": ".numpy()", "value": ".value()"}
+_OPERATORS = {"BINARY_SUBSCR": "[]", "STORE_SUBSCR": "[]=", "UNARY_NEGATIVE": "-",
+              "UNARY_POSITIVE": "+", "UNARY_INVERT": "~"}
+_NAME_LOADS = {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_FAST_CHECK",
+               "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_ATTR", "LOAD_METHOD"}
+_CALL_PARTS = {"PUSH_NULL", "PRECALL", "KW_NAMES", "CACHE", "EXTENDED_ARG"}
+
+
+def forced_site(frame):
+    """``"<what> (<file>:<line>)"`` for a read that forces an evaluation;
+    ``frame`` is the caller of ``VirtualNode.value``.  None when an
+    evaluation itself asks for a node (a pattern's interior node): that is
+    part of the evaluation, not the user's read."""
+    try:
+        return _site(frame)
+    except Exception:   # naming a read must never break the user's program
+        return "unknown read"
+
+
+def _site(frame):
+    reader = None   # the outermost of our frames the read came through
+    library = []    # library frames between the read and the user, innermost first
+    origin = None
+    while frame is not None:
+        kind = _kind(frame)
+        if kind == "user":
+            break
+        if kind == "autograph":
+            # A function autograph converted runs from a temporary file:
+            # shown at the user's line it came from, or else skipped.
+            origin = _autograph_origin(frame)
+            if origin is not None:
+                break
+        elif kind == "ours" and not library:
+            if frame.f_code.co_name == "evaluate" and \
+                    frame.f_globals.get("__name__") == "subgraphjit.evaluate":
+                return None
+            reader = frame
+        else:
+            library.append(frame)
+        frame = frame.f_back
+    if frame is None:   # no user code on the stack
+        return _library_name(library, None) or _reader_name(reader)
+    instructions, index = _instructions(frame.f_code), _index(frame.f_code, frame.f_lasti)
+    callee = _callee(instructions, index)
+    if origin is not None and callee and callee.startswith("ag__."):
+        callee = None   # autograph's own call, not the user's
+    what = (_operator(instructions, index)
+            or (None if library else _truth_test(frame.f_code, instructions, index))
+            or _library_name(library, callee)
+            or (reader and _METHODS.get(reader.f_code.co_name))
+            or (callee and f"{callee}()")
+            or _reader_name(reader))
+    filename, line = origin or (frame.f_code.co_filename, frame.f_lineno)
+    return f"{what} ({_shown(filename)}:{line})"
+
+
+def _kind(frame):
+    code = frame.f_code
+    filename = code.co_filename
+    package = frame.f_globals.get("__name__", "").partition(".")[0]
+    # Generated wrappers and patterns have no module name, but a filename.
+    if package == "subgraphjit" or filename.startswith("<subgraphjit"):
+        return "ours"
+    if os.path.basename(filename).startswith("__autograph_generated_file"):
+        return "autograph"
+    if (package in _LIBRARIES or filename.startswith("<frozen")
+            or (filename.startswith(_STANDARD_LIBRARY)
+                and not filename.startswith(_SITE_PACKAGES))):
+        return "library"
+    return "user"
+
+
+def _autograph_origin(frame):
+    """The user's (file, line) that a converted function's frame runs, from
+    the source map autograph keeps on the converted function (which the
+    frame that called it holds)."""
+    caller = frame.f_back
+    for value in (caller.f_locals.values() if caller is not None else ()):
+        if getattr(value, "__code__", None) is frame.f_code:
+            origin = getattr(value, "ag_source_map", {}).get(
+                (frame.f_code.co_filename, frame.f_lineno))
+            return origin and (origin.loc.filename, origin.loc.lineno)
+    return None
+
+
+def _shown(filename):
+    relative = os.path.relpath(filename) if os.path.isabs(filename) else filename
+    return filename if relative.startswith(os.pardir) else relative
+
+
+# -- the user's instruction ---------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _instructions(code):
+    return list(dis.get_instructions(code))
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(code):
+    return [instruction.offset for instruction in _instructions(code)]
+
+
+def _index(code, lasti):
+    """The instruction running at ``lasti``, which may point into its inline
+    cache (Python 3.11 calling a Python function)."""
+    return bisect.bisect_right(_offsets(code), lasti) - 1 if lasti >= 0 else None
+
+
+def _operator(instructions, index):
+    """``+``, ``*=``, ``<``, ``[]``: an operator the user applied (or an
+    f-string formatting a value)."""
+    if index is None:
+        return None
+    instruction = instructions[index]
+    if instruction.opname.startswith("FORMAT_"):
+        return "f-string"
+    if instruction.opname in ("BINARY_OP", "COMPARE_OP"):
+        return instruction.argrepr
+    if instruction.opname == "CONTAINS_OP":
+        return "not in" if instruction.arg else "in"
+    return _OPERATORS.get(instruction.opname)
+
+
+def _truth_test(code, instructions, index):
+    """The statement or operator whose test called ``bool()``, from the
+    instruction running it (Python 3.11 and 3.12): None if it is not a test."""
+    if index is None:
+        return None
+    if instructions[index].opname == "TO_BOOL":   # 3.13: converts, then tests
+        index += 1
+    instruction = instructions[index]
+    name = instruction.opname
+    previous = instructions[index - 1] if index else None
+    if name == "UNARY_NOT":
+        return "not"
+    if name in ("JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"):   # 3.11
+        if previous.opname == "COMPARE_OP" and previous.positions == instruction.positions:
+            return previous.argrepr   # a chain such as a < b < c
+        return "and" if "FALSE" in name else "or"
+    if not re.fullmatch(r"POP_JUMP_(FORWARD_|BACKWARD_)?IF_(FALSE|TRUE)", name):
+        return None
+    if previous is not None and previous.opname == "COPY" and previous.arg == 1:
+        return "and" if "FALSE" in name else "or"   # 3.12: a and b as a value
+    # The jump is placed at the statement, its test, or a part of the test.
+    position = instruction.positions
+    return _truth_tests(code.co_filename).get(
+        (position.lineno, position.col_offset, position.end_lineno,
+         position.end_col_offset), "bool()")
+
+
+@functools.lru_cache(maxsize=32)
+def _truth_tests(filename):
+    """Source positions of a file's tests -> ``if``, ``while`` or ``assert``:
+    each statement (or conditional expression, or comprehension with ``if``)
+    and its test, down through ``and``, ``or`` and ``not``."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    tests = {}
+
+    def mark(node, keyword):
+        tests.setdefault((node.lineno, node.col_offset, node.end_lineno,
+                          node.end_col_offset), keyword)
+        parts = (node.values if isinstance(node, ast.BoolOp) else
+                 [node.operand] if isinstance(node, ast.UnaryOp) else [])
+        for part in parts:
+            mark(part, keyword)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.Assert, ast.IfExp)):
+            keyword = {ast.While: "while", ast.Assert: "assert"}.get(type(node), "if")
+            mark(node, keyword)
+            mark(node.test, keyword)
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            if any(generator.ifs for generator in node.generators):
+                mark(node, "if")
+    return tests
+
+
+def _callee(instructions, index):
+    """The dotted name (``np.asarray``) a CALL instruction calls, as the user
+    wrote it: the loads that start where the call starts and end before it
+    does.  None for any other instruction or callee."""
+    if index is None or not instructions[index].opname.startswith("CALL"):
+        return None
+    call = instructions[index].positions
+    start, end = (call.lineno, call.col_offset), (call.end_lineno, call.end_col_offset)
+    names = []
+    for instruction in reversed(instructions[:index]):
+        where = instruction.positions
+        if instruction.opname in _CALL_PARTS or where.lineno is None:
+            continue
+        if (where.lineno, where.col_offset) != start:
+            if (where.lineno, where.col_offset) < start:
+                break
+            continue   # an argument
+        if (where.end_lineno, where.end_col_offset) >= end or \
+                instruction.opname not in _NAME_LOADS:
+            break      # an earlier copy of this call, or a callee not a name
+        names.append(instruction.argval)
+    return ".".join(reversed(names)) or None
+
+
+# -- library functions ------------------------------------------------------
+
+def _library_name(frames, callee):
+    """The public name of the outermost library function in ``frames``
+    (innermost first) that has one; the user's ``callee`` picks among a
+    TensorFlow function's names."""
+    for frame in reversed(frames):
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_AUTOGRAPH):
+            statement = (_AUTOGRAPH_STATEMENTS.get(frame.f_code.co_name)
+                         if module.startswith(_AUTOGRAPH + "operators") else None)
+            if statement:
+                return statement
+            continue   # converted_call and the like
+        name = _public_name(frame, callee)
+        if name:
+            return name
+    return None
+
+
+def _public_name(frame, callee):
+    code = frame.f_code
+    if "<" in code.co_qualname:   # decorators' wrappers, lambdas, comprehensions
+        return None
+    if "." in code.co_qualname:
+        # A method: named after the public class of its object (Dense, not
+        # the Layer that defines __call__), or the nearest public base.
+        defining = code.co_qualname.split(".")[-2]
+        owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+        classes = (owner if isinstance(owner, type) else type(owner)).__mro__
+        if not any(cls.__name__ == defining for cls in classes):
+            return None   # not a method of its first argument's class
+        for cls in classes:
+            name = _exported(cls, vars(cls), None)
+            if name:
+                return f"{name}.{code.co_name}"
+        return None
+    # A function: the module's binding is the decorated function; its
+    # innermost wrapped function (the running code) carries TensorFlow's names.
+    function = outer = frame.f_globals.get(code.co_name)
+    while function is not None and getattr(function, "__code__", None) is not code:
+        function = getattr(function, "__wrapped__", None)
+    if function is None:
+        return None
+    # TensorFlow's names are on the innermost function: the running code,
+    # or the TensorFlow function a subgraphjit wrapper stands for.
+    while function is not None:
+        name = _exported(function, getattr(function, "__dict__", {}), callee)
+        if name:
+            return name
+        function = getattr(function, "__wrapped__", None)
+    return _exported(outer, {"__module__": getattr(outer, "__module__", None)}, None)
+
+
+def _exported(symbol, own, callee):
+    """``symbol``'s public name from the attributes it has itself (``own``):
+    TensorFlow's ``tf_export`` names, Keras' export path, or a public
+    module outside TensorFlow and Keras (``numpy.mean``, ``logging.info``)."""
+    names = own.get("_tf_api_names")
+    if names:
+        chosen = next((name for name in names if callee and (
+            callee == name or callee.endswith("." + name))), names[0])
+        return f"tf.{chosen}"
+    path = own.get("_api_export_path")
+    if path:
+        return "tf." + (path if isinstance(path, str) else path[0])
+    module = own.get("__module__")
+    qualname = getattr(symbol, "__qualname__", "")
+    if isinstance(module, str) and module != "builtins" \
+            and module.partition(".")[0] not in _NAMED_ELSEWHERE \
+            and not any(part.startswith("_") for part in module.split(".")) \
+            and qualname and not qualname.startswith("_"):
+        return f"{module}.{qualname}"
+    return None
+
+
+def _reader_name(reader):
+    if reader is None:
+        return "evaluation"
+    return _READERS.get(reader.f_code.co_name, reader.f_code.co_name)
