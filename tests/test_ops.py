@@ -268,7 +268,7 @@ def test_row_equals_eager(row_name, seed):
 
 
 # Rows that run per instance by design (see subgraphjit/batch/rules.py).
-NO_BATCH_RULE = {"tensordot"}
+NO_BATCH_RULE = set()
 
 
 @pytest.mark.parametrize("row_name", sorted(ROW_CASES))

@@ -75,6 +75,47 @@ def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
     return broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count)
 
 
+def _tensordot_axes(axes, rank_a, rank_b):
+    """tf.tensordot's ``axes`` as two lists of non-negative axes."""
+    if isinstance(axes, int):
+        return list(range(rank_a - axes, rank_a)), list(range(axes))
+    if len(axes) != 2:
+        raise NoRule(f"tensordot axes {axes!r}")
+    pair = [[a] if isinstance(a, int) else list(a) for a in axes]
+    return ([a % rank_a for a in pair[0]], [b % rank_b for b in pair[1]])
+
+
+def tensordot_rule(row, attrs, values, shared, ranks, output_spec, count):
+    """tf.tensordot, such as the matrix-vector idiom ``tf.tensordot(W, x,
+    axes=1)`` with W shared: one tensordot of the shared operand with all
+    instances stacked, whose batch axis is a free axis of the product (first
+    among the stacked operand's free axes), moved to the front.  Both
+    operands per instance: one einsum, the batch axis shared."""
+    axes = dict(zip(row.attr_params, attrs))["axes"]
+    if not isinstance(axes, (int, tuple)):
+        raise NoRule(f"tensordot axes {axes!r}")
+    axes_a, axes_b = _tensordot_axes(axes, ranks[0], ranks[1])
+    if not shared[0] and not shared[1]:
+        letters = iter("abcdefghijklmnopqrstuvwxy")
+        a = [next(letters) for _ in range(ranks[0])]
+        b = [next(letters) for _ in range(ranks[1])]
+        for axis_a, axis_b in zip(axes_a, axes_b):
+            b[axis_b] = a[axis_a]
+        free = [a[i] for i in range(ranks[0]) if i not in axes_a] + [
+            b[i] for i in range(ranks[1]) if i not in axes_b]
+        return tf.einsum(f"z{''.join(a)},z{''.join(b)}->z{''.join(free)}",
+                         values[0], values[1])
+    if shared[1]:   # a is stacked: its axes move one right, the batch axis leads
+        return tf.tensordot(values[0], values[1],
+                            axes=[[a + 1 for a in axes_a], axes_b])
+    product = tf.tensordot(values[0], values[1],
+                           axes=[axes_a, [b + 1 for b in axes_b]])
+    batch_axis = ranks[0] - len(axes_a)   # after the free axes of a
+    order = [batch_axis] + [i for i in range(len(output_spec.shape) + 1)
+                            if i != batch_axis]
+    return tf.transpose(product, order)
+
+
 def _with(attrs, row, **changes):
     names = row.attr_params
     return tuple(changes.get(name, value) for name, value in zip(names, attrs))
@@ -236,7 +277,7 @@ _FAMILY_RULES = {
 }
 
 _ROW_RULES = {
-    "tensordot": None,  # axes pair up instance axes in ways not worth a rule
+    "tensordot": tensordot_rule,
     "nn.bias_add": bias_add_rule,
     "nn.softmax_cross_entropy_with_logits": _bound(  # no shared operands
         lambda attrs, rank, spec, count, row: _with(

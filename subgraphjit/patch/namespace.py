@@ -14,6 +14,7 @@ import types
 
 import tensorflow as tf
 
+from . import dispatch
 from .node import VirtualNode
 from .record import build_row_functions, record
 from .spec import NotLazy
@@ -70,6 +71,7 @@ def install(package, special_wrappers):
         setattr(package, name, proxy)
         sys.modules[proxy.__name__] = proxy
     _install_operators()
+    dispatch.install(special_wrappers)  # TensorFlow's own functions record too
 
 
 def _install_operators():

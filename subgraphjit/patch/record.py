@@ -10,10 +10,18 @@ TensorFlow.  A wrapper does one of three things:
   keyed by the op's attributes and operand specs;
 * an operand the recorder cannot describe (a symbolic tensor inside a
   tf.function, a ragged tensor, ...): calls the real function, as eager mode.
+
+Each row also gets a *dispatch target* with the same signature: what
+TensorFlow's own function calls when given a VirtualNode (patch/dispatch.py).
+It records exactly as the wrapper does, but where the wrapper would call the
+real function it returns NotImplemented, which tells TensorFlow to run its
+own implementation: calling the real function with a node would reach the
+dispatch target again.
 """
 
 import inspect
 import linecache
+import sys
 import time
 
 import tensorflow as tf
@@ -51,6 +59,8 @@ class OpRow:
         self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
         self.gathers_from = gathers_from
         self.cache = {}             # (attrs, *operand specs) -> output spec
+        self.infer = None           # a row's own inference (dispatch.py's generic rows)
+        self.dispatch_target = None  # what TensorFlow's own function calls on a node
         self.call = None            # (operand values, attrs) -> result
         self.tensor_params = ()
         self.attr_params = ()
@@ -72,6 +82,12 @@ def _infer(row, inputs, attrs, key, site):
     for tensors (a node has no value yet; reading a variable here would be
     seen by the user's tape), on the values themselves for Python and NumPy
     operands, which TensorFlow converts by their value."""
+    if site is not None and _is_library(site[0]):
+        # Recorded through TensorFlow's dispatch: the user's line is further out.
+        site = user_site()
+    if row.infer is not None:   # a row of its own kind (dispatch.GenericApi)
+        context.shape_inferences += 1
+        return row.infer(row, inputs, attrs, key, site)
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
         if isinstance(operand, (VirtualNode, tf.Tensor, specs.Spec))
@@ -107,6 +123,64 @@ def annotate(error, row, site):
     error.add_note(f"subgraphjit: raised by {row.name}, recorded at "
                    f"{code.co_filename}:{line} in {code.co_name}")
     return error
+
+
+# Modules whose frames are not the user's: a site inside them is moved out.
+_LIBRARY_MODULES = ("tensorflow", "subgraphjit", "keras", "tf_keras")
+# Keras sets attributes on the tensors TensorFlow returns to it
+# (``output._keras_logits = logits``), which a VirtualNode cannot hold, so
+# TensorFlow functions called by Keras itself do not record (dispatch.py).
+_KERAS_MODULES = ("keras", "tf_keras")
+
+
+def _is_library(code):
+    # Generated wrappers and dispatch targets are named "<subgraphjit ...>".
+    filename = code.co_filename
+    return filename.startswith("<subgraphjit") or any(
+        f"{module}{sep}" in filename for module in _LIBRARY_MODULES for sep in "/\\")
+
+
+def user_site():
+    """(code, line) of the innermost frame outside TensorFlow, Keras and
+    subgraphjit: the user's line for an op recorded through dispatch, where
+    the recorder's own site is a frame of TensorFlow's dispatcher."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if not (name.startswith(_LIBRARY_MODULES)
+                or frame.f_code.co_filename.startswith("<subgraphjit")):
+            return frame.f_code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def dispatch_site():
+    """The user's (code, line) for a call that reached a dispatch target,
+    or None when TensorFlow was called by Keras (which must get tensors)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if name.startswith(_KERAS_MODULES):
+            return None
+        if not (name.startswith(_LIBRARY_MODULES)
+                or frame.f_code.co_filename.startswith("<subgraphjit")):
+            return frame.f_code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def resite(result, site):
+    """Give what ``record`` returned (a node, or a multi-output op's access
+    nodes) the user's line as its site: recorded through dispatch, its own
+    is a frame of TensorFlow's dispatcher."""
+    if type(result) is list:
+        if result and type(result[0]) is VirtualNode:
+            result[0].inputs[0].site = site
+            for output in result:
+                output.site = site
+    elif type(result) is VirtualNode:
+        result.site = site
+    return result
 
 
 class FrozenSlice(tuple):
@@ -182,15 +256,27 @@ def build_row_functions(row, public_name):
         f"    return _fn({passthrough})\n"
         f"\n"
         f"def call(values, attrs):\n"
-        f"    return _fn({call_args})\n")
+        f"    return _fn({call_args})\n"
+        f"\n"
+        f"def dispatch_target({signature}):\n"
+        f"    if _context.lazy and _executing_eagerly():\n"
+        f"        site = _dispatch_site()\n"
+        f"        if site is not None:\n"
+        f"            try:\n"
+        f"                return _resite(_record(_row, {inputs_expr}, {attrs_expr}), site)\n"
+        f"            except _NotLazy:\n"
+        f"                pass\n"
+        f"    return NotImplemented\n")
     namespace = {"_context": context, "_record": record, "_row": row,
                  "_NotLazy": NotLazy, "_fn": row.fn, "_defaults": defaults,
-                 "_thaw": row.thaw}
+                 "_thaw": row.thaw, "_resite": resite, "_dispatch_site": dispatch_site,
+                 "_executing_eagerly": tf.executing_eagerly}
     filename = f"<subgraphjit wrapper {row.name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True),
                                  filename)
     exec(compile(source, filename, "exec"), namespace)
     row.call = namespace["call"]
+    row.dispatch_target = namespace["dispatch_target"]
     wrapper = namespace["wrapper"]
     wrapper.__name__ = wrapper.__qualname__ = public_name
     wrapper.__doc__ = (f"Lazily recorded version of tf.{row.name} "

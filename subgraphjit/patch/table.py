@@ -5,9 +5,10 @@ how many of its leading parameters take tensors, and which of those hold
 indices.  Everything else -- the wrapper with TensorFlow's exact signature,
 the evaluator, every public alias (``tf.add`` is ``tf.math.add``), the
 VirtualNode operator overloads -- is generated from these rows.  Ops not
-listed here still work: given a VirtualNode they evaluate it first, and
-``tf.stats()['fallback_ops']`` counts them, so adding a row is a speed
-change, never a correctness change.
+listed here still work: TensorFlow's own functions given a VirtualNode
+record a generic row that runs per instance (``dispatch.py``), or else
+evaluate the node first, so adding a row is a speed change, never a
+correctness change.
 
 Families, for the batching layer:
 
@@ -142,8 +143,10 @@ ALL_ROWS = TF_ROWS + list(OPERATOR_ROWS.values()) + [GETITEM]
 
 def markdown_table():
     """The op table as Markdown, as the README shows it (kept current by a
-    test): one line per family with every public name it records."""
+    test): one line per family with every public name it records, an op
+    without a batch rule marked as run per instance."""
     import subgraphjit
+    from ..batch.rules import rule_for
 
     public_names = {}
     for module_name in ("", "math.", "nn.", "linalg."):
@@ -159,12 +162,16 @@ def markdown_table():
         wrapper = next((w for w in public_names
                         if w.__wrapped__ is row.fn), None)
         names = sorted(public_names.get(wrapper, [f"tf.{row.name}"]))
-        by_family.setdefault(row.family, []).extend(names)
+        mark = "" if rule_for(row) is not None else " (per instance)"
+        by_family.setdefault(row.family, []).extend(
+            f"`{name}`{mark}" for name in names)
     operators = " ".join(f"`{dunder}`" for dunder in OPERATORS) + " `__getitem__`"
     lines = ["| family | ops |", "|---|---|"]
-    lines += [f"| {family} | {', '.join(f'`{n}`' for n in names)} |"
+    lines += [f"| {family} | {', '.join(names)} |"
               for family, names in by_family.items()]
     lines.append(f"| VirtualNode operators | {operators} |")
     lines.append("| special | `tf.shape` (static, no evaluation), "
                  "`tf.nn.dropout` (mask drawn at record time) |")
+    lines.append("| generic (through dispatch) | any other TensorFlow API that "
+                 "supports dispatch, given a node (per instance) |")
     return "\n".join(lines)
