@@ -32,9 +32,10 @@ static Node *
 new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
          PyObject *spec, PyObject *site)
 {
-    Node *node = PyObject_New(Node, node_type);
+    Node *node = (Node *)slab_alloc();
     if (node == NULL)
         return NULL;
+    PyObject_Init((PyObject *)node, node_type);
     node->id = id;
     node->consumers = 0;
     node->swallowed = 0;
@@ -86,7 +87,7 @@ node_release(Node *node)
     Py_XDECREF(node->site);
     Py_XDECREF(node->batch);
     Py_XDECREF(node->batch_row);
-    type->tp_free(node);
+    slab_free(node);
     Py_DECREF(type);        /* instances of a heap type own a reference */
 }
 
@@ -620,6 +621,9 @@ static PyMethodDef methods[] = {
      METH_VARARGS | METH_KEYWORDS, setup_doc},
     {"next_node_id", next_node_id, METH_NOARGS,
      "The id the next recorded node will get (takes none)."},
+    {"slab_statistics", slab_statistics, METH_NOARGS,
+     "Node storage (slab.c): live nodes, chunks held, empty chunks kept for "
+     "reuse, and nodes per chunk, as a dict (takes none)."},
     {NULL},
 };
 

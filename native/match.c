@@ -797,12 +797,13 @@ rewrite(Node *node, PyObject *entry, Run *run)
     return operands;
 }
 
-/* The queue search's step: reach the nodes among ``operands`` (only the
+/* The search's step: reach the nodes among ``operands`` (only the
  * unevaluated ones if ``unevaluated_only``) not reached before; ``reached``
- * holds a reference to each.  No Python code runs here. */
+ * holds a reference to each, and ``pending`` (borrowing) lists them to
+ * visit.  No Python code runs here. */
 static int
 enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
-        KeyedArray *reached)
+        KeyedArray *reached, KeyedArray *pending)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
     for (Py_ssize_t i = 0; i < size; i++) {
@@ -810,7 +811,8 @@ enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
         if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
         int added = idbits_add(ids, ((Node *)operand)->id);
-        if (added < 0 || (added && keyed_push(reached, (Node *)operand) < 0))
+        if (added < 0 || (added && (keyed_push(reached, (Node *)operand) < 0
+                                    || keyed_push(pending, (Node *)operand) < 0)))
             return -1;
         if (added)
             Py_INCREF(operand);
@@ -841,7 +843,7 @@ bad:
 
 PyDoc_STRVAR(replace_doc,
 "replace(roots, candidates, labels)\n--\n\n"
-"Stage 2 of the pattern search: a queue search from ``roots`` (nodes)\n"
+"Stage 2 of the pattern search: a search from ``roots`` (nodes)\n"
 "tries each reached node's candidates (``candidates`` maps its row to a\n"
 "tuple of (MatchProgram, pattern row, argument positions), in the order\n"
 "to try); the first that matches rewrites the node in place into one\n"
@@ -874,11 +876,16 @@ replace(PyObject *module, PyObject *args)
         Py_DECREF(candidates);
         return NULL;
     }
-    /* ``reached`` is also the queue: nodes are popped in the order they
-     * are reached.  It holds a reference to each; ``replaced`` borrows. */
+    /* ``reached`` holds a reference to each node reached; ``pending`` and
+     * ``replaced`` borrow.  The search is depth first: a node's operands
+     * next, which were recorded just before it, rather than the whole
+     * minibatch's nodes at one distance from the roots (a breadth-first
+     * order reads every tree at each step, missing the cache at batch
+     * 256).  The order changes no match: a node a pattern could swallow
+     * has one consumer, so it is visited after that consumer in any
+     * order, and the rest never becomes a pattern's interior. */
     PyObject *result = NULL, *stack[STACK_SLOTS];
-    KeyedArray reached = {0}, replaced = {0};
-    Py_ssize_t head = 0;
+    KeyedArray reached = {0}, pending = {0}, replaced = {0};
     IdBits ids = {0};
     Run run;
     int running = 0;
@@ -907,11 +914,11 @@ replace(PyObject *module, PyObject *args)
             goto done;
         }
     }
-    if (enqueue(root_list, 0, &ids, &reached) < 0)
+    if (enqueue(root_list, 0, &ids, &reached, &pending) < 0)
         goto done;
 
-    while (head < reached.size) {
-        Node *node = (Node *)reached.items[head++].node;
+    while (pending.size > 0) {
+        Node *node = (Node *)pending.items[--pending.size].node;
         PyObject *operands = NULL;
         entries = node->row == NULL ? NULL
                   : PyDict_GetItemWithError(candidates, node->row);
@@ -937,7 +944,7 @@ replace(PyObject *module, PyObject *args)
         if (operands == NULL)
             operands = operands_of(node);
         if (operands != NULL
-                && enqueue(operands, 1, &ids, &reached) < 0)
+                && enqueue(operands, 1, &ids, &reached, &pending) < 0)
             goto done;
     }
     /* (Each node is reached once: the sorts drop nothing ``reached``
@@ -954,6 +961,7 @@ done:
     for (Py_ssize_t i = 0; i < reached.size; i++)
         Py_DECREF(reached.items[i].node);
     PyMem_Free(reached.items);
+    PyMem_Free(pending.items);
     PyMem_Free(replaced.items);
     idbits_free(&ids);
     idset_free(&labels.required);

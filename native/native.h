@@ -40,6 +40,11 @@ typedef struct Node {
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
 
+/* slab.c: a VirtualNode's memory, in chunks filled in recording order. */
+void *slab_alloc(void);   /* NULL with MemoryError set */
+void slab_free(void *slot);
+PyObject *slab_statistics(PyObject *module, PyObject *unused);
+
 static inline int
 is_node(PyObject *object)
 {

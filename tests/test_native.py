@@ -219,3 +219,30 @@ def test_graphs_rewritten_by_patterns_are_freed(parameters):
     assert tf.stats()["pattern_fusions"] > 0
     gc.collect()
     assert not [probe for probe in probes if probe() is not None]
+
+
+def test_node_storage_is_reused_and_returned():
+    """Nodes live in chunks filled in recording order (native/slab.c): a
+    chunk whose nodes die is refilled, a chunk that a few long-lived nodes
+    keep is refilled once half of it is free, and empty chunks beyond a
+    bound go back to the system."""
+    x = tf.tanh(constant(1))
+    before = _native.slab_statistics()
+    per_chunk = before["nodes_per_chunk"]
+    kept = []
+    for _ in range(10):
+        nodes = [x + 1.0 for _ in range(20 * per_chunk)]
+        kept += nodes[::per_chunk // 3]   # about three per chunk live on
+        del nodes
+    after = _native.slab_statistics()
+    assert after["nodes"] == before["nodes"] + len(kept)
+    # Without reuse of the chunks kept nodes pin: 200 chunks and more.
+    assert after["chunks"] - before["chunks"] <= 45
+    del kept
+    assert _native.slab_statistics()["nodes"] == before["nodes"]
+    # 600 chunks' worth freed at once: at most 512 empty ones stay.
+    nodes = [x + 1.0 for _ in range(600 * per_chunk)]
+    del nodes
+    after = _native.slab_statistics()
+    assert after["empty_chunks"] == 512
+    assert after["chunks"] - after["empty_chunks"] <= before["chunks"] - before["empty_chunks"] + 1
