@@ -28,9 +28,52 @@
 PyTypeObject *node_type;   /* VirtualNode */
 static long long next_id;          /* the id the next node gets */
 
+int
+node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count)
+{
+    if (count > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "too many inputs");
+        return -1;
+    }
+    PyObject **fresh = count <= INLINE_INPUTS ? NULL : PyMem_New(PyObject *, count);
+    if (count > INLINE_INPUTS && fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* The old inputs are dropped last: kept aside (inline ones would be
+     * overwritten) while the new ones are set. */
+    PyObject **old = node->inputs, *aside[INLINE_INPUTS];
+    Py_ssize_t old_count = node->input_count;
+    if (old == node->inline_inputs) {
+        memcpy(aside, old, old_count * sizeof(PyObject *));
+        old = aside;
+    }
+    if (fresh == NULL)
+        fresh = node->inline_inputs;
+    for (Py_ssize_t i = 0; i < count; i++)
+        fresh[i] = Py_NewRef(items[i]);
+    node->inputs = fresh;
+    node->input_count = (int)count;
+    for (Py_ssize_t i = 0; i < old_count; i++)
+        Py_DECREF(old[i]);
+    if (old != aside)
+        PyMem_Free(old);
+    return 0;
+}
+
+PyObject *
+node_inputs_tuple(Node *node)
+{
+    PyObject *tuple = PyTuple_New(node->input_count);
+    if (tuple != NULL)
+        for (Py_ssize_t i = 0; i < node->input_count; i++)
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(node->inputs[i]));
+    return tuple;
+}
+
 static Node *
-new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
-         PyObject *spec, PyObject *site)
+new_node(long long id, PyObject *row, PyObject *const *inputs, Py_ssize_t count,
+         PyObject *attrs, PyObject *spec, PyObject *site)
 {
     Node *node = (Node *)slab_alloc();
     if (node == NULL)
@@ -39,8 +82,9 @@ new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
     node->id = id;
     node->consumers = 0;
     node->swallowed = 0;
+    node->inputs = node->inline_inputs;
+    node->input_count = 0;
     node->row = Py_NewRef(row);
-    node->inputs = Py_NewRef(inputs);
     node->attrs = Py_NewRef(attrs);
     node->spec = Py_NewRef(spec);
     node->result = Py_NewRef(Py_None);
@@ -48,6 +92,10 @@ new_node(long long id, PyObject *row, PyObject *inputs, PyObject *attrs,
     node->batch = Py_NewRef(Py_None);
     node->batch_row = Py_NewRef(Py_None);
     node->weakrefs = NULL;
+    if (node_set_inputs(node, inputs, count) < 0) {
+        Py_DECREF(node);
+        return NULL;
+    }
     return node;
 }
 
@@ -62,8 +110,48 @@ node_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                                      keywords, &id, &row, &inputs, &attrs,
                                      &spec, &site))
         return NULL;
-    return (PyObject *)new_node(id, row, inputs, attrs, spec, site);
+    if (!PyTuple_Check(inputs) && !PyList_Check(inputs)) {
+        PyErr_Format(PyExc_TypeError, "VirtualNode inputs must be a tuple or "
+                     "list, not %.100s", Py_TYPE(inputs)->tp_name);
+        return NULL;
+    }
+    return (PyObject *)new_node(id, row, PySequence_Fast_ITEMS(inputs),
+                                PySequence_Fast_GET_SIZE(inputs), attrs, spec,
+                                site);
 }
+
+static PyObject *
+node_get_inputs(PyObject *self, void *unused)
+{
+    return node_inputs_tuple((Node *)self);
+}
+
+static int
+node_set_inputs_attribute(PyObject *self, PyObject *value, void *unused)
+{
+    if (value == NULL)   /* del node.inputs: none */
+        return node_set_inputs((Node *)self, NULL, 0);
+    if (!PyTuple_Check(value) && !PyList_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "VirtualNode inputs must be a tuple or "
+                     "list, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    /* A list's items are copied before any is released. */
+    PyObject *items = PySequence_Tuple(value);
+    if (items == NULL)
+        return -1;
+    int done = node_set_inputs((Node *)self, PySequence_Fast_ITEMS(items),
+                               PyTuple_GET_SIZE(items));
+    Py_DECREF(items);
+    return done;
+}
+
+static PyGetSetDef node_getset[] = {
+    {"inputs", node_get_inputs, node_set_inputs_attribute,
+     "operands: VirtualNodes, tensors, variables or Python values (a tuple; "
+     "assigning a tuple or list replaces them)", NULL},
+    {NULL},
+};
 
 /* Freeing a node drops its inputs, which may free theirs: a chain of 100,000
  * recorded ops would free itself 100,000 C calls deep and overflow the C
@@ -79,8 +167,11 @@ static void
 node_release(Node *node)
 {
     PyTypeObject *type = Py_TYPE(node);
+    for (Py_ssize_t i = 0; i < node->input_count; i++)
+        Py_DECREF(node->inputs[i]);
+    if (node->inputs != node->inline_inputs)
+        PyMem_Free(node->inputs);
     Py_XDECREF(node->row);
-    Py_XDECREF(node->inputs);
     Py_XDECREF(node->attrs);
     Py_XDECREF(node->spec);
     Py_XDECREF(node->result);
@@ -117,14 +208,12 @@ node_dealloc(PyObject *self)
 static PyMemberDef node_members[] = {
     {"id", T_LONGLONG, offsetof(Node, id), 0,
      "global id, increasing: ids are a topological order"},
-    {"consumers", T_PYSSIZET, offsetof(Node, consumers), 0,
+    {"consumers", T_INT, offsetof(Node, consumers), 0,
      "nodes recorded with this one as an operand"},
     {"swallowed", T_BOOL, offsetof(Node, swallowed), 0,
      "inside a matched pattern (or an output a compiled program did not "
      "keep): computed only if asked for, not when its scope closes"},
     {"row", T_OBJECT_EX, offsetof(Node, row), 0, "the op-table row"},
-    {"inputs", T_OBJECT_EX, offsetof(Node, inputs), 0,
-     "operands: VirtualNodes, tensors, variables or Python values"},
     {"attrs", T_OBJECT_EX, offsetof(Node, attrs), 0,
      "the op's other arguments, hashable"},
     {"spec", T_OBJECT_EX, offsetof(Node, spec), 0, "output dtype and shape"},
@@ -144,6 +233,7 @@ static PyType_Slot node_slots[] = {
     {Py_tp_new, node_new},
     {Py_tp_dealloc, node_dealloc},
     {Py_tp_members, node_members},
+    {Py_tp_getset, node_getset},
     {0, NULL},
 };
 
@@ -439,13 +529,13 @@ fail:
 static PyObject *
 output_node(Node *node, Py_ssize_t index, PyObject *site)
 {
-    PyObject *inputs = PyTuple_Pack(1, (PyObject *)node);
     PyObject *attrs = index < SHARED_INDICES ? Py_NewRef(index_attrs[index])
                                              : Py_BuildValue("(n)", index);
     PyObject *spec = PySequence_GetItem(node->spec, index);
     PyObject *output = NULL;
-    if (inputs != NULL && attrs != NULL && spec != NULL) {
-        output = (PyObject *)new_node(next_id++, access_row, inputs, attrs,
+    if (attrs != NULL && spec != NULL) {
+        PyObject *source = (PyObject *)node;
+        output = (PyObject *)new_node(next_id++, access_row, &source, 1, attrs,
                                       spec, site);
         if (output != NULL) {
             node->consumers++;
@@ -453,7 +543,6 @@ output_node(Node *node, Py_ssize_t index, PyObject *site)
                 Py_CLEAR(output);
         }
     }
-    Py_XDECREF(inputs);
     Py_XDECREF(attrs);
     Py_XDECREF(spec);
     return output;
@@ -550,7 +639,8 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (spec == NULL)
             goto done;
     }
-    node = new_node(next_id++, row, inputs, attrs, spec, site);
+    node = new_node(next_id++, row, PySequence_Fast_ITEMS(inputs),
+                    PyTuple_GET_SIZE(inputs), attrs, spec, site);
     if (node == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {

@@ -56,16 +56,8 @@ unevaluated_ancestors(PyObject *module, PyObject *targets)
             continue;
         if (keyed_push(&found, node) < 0)
             goto done;
-        PyObject *inputs = node->inputs;
-        if (inputs == NULL || !(PyTuple_Check(inputs) || PyList_Check(inputs))) {
-            PyErr_Format(PyExc_TypeError,
-                         "unevaluated_ancestors(): node %lld has inputs "
-                         "that are not a tuple or list", node->id);
-            goto done;
-        }
-        Py_ssize_t operands = PySequence_Fast_GET_SIZE(inputs);
-        for (Py_ssize_t i = 0; i < operands; i++) {
-            PyObject *operand = PySequence_Fast_GET_ITEM(inputs, i);
+        for (Py_ssize_t i = 0; i < node->input_count; i++) {
+            PyObject *operand = node_input(node, i);
             if (Py_IS_TYPE(operand, node_type)
                     && unevaluated((Node *)operand)
                     && !idbits_contains(&seen, ((Node *)operand)->id)
@@ -160,10 +152,9 @@ scope_leftovers(PyObject *module, PyObject *args)
             continue;
         Node *node = (Node *)item;
         Node *source = node;   /* an access node goes with its source */
-        if (access_row != NULL && node->row == access_row && node->inputs != NULL
-                && PyTuple_Check(node->inputs) && PyTuple_GET_SIZE(node->inputs) > 0
-                && Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type))
-            source = (Node *)PyTuple_GET_ITEM(node->inputs, 0);
+        if (access_row != NULL && node->row == access_row && node->input_count > 0
+                && is_node(node_input(node, 0)))
+            source = (Node *)node_input(node, 0);
         if (node->swallowed || source->swallowed)
             continue;
         if (PyList_Append(left, item) < 0) {
@@ -1220,15 +1211,16 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
               PartArray *parts, IdentArray *idents,
               PyObject **operands_out, PyObject **sources_out)
 {
-    PyObject *inputs = node->inputs, *attrs = node->attrs;
-    if (inputs == NULL || !PyTuple_Check(inputs) || attrs == NULL
-            || !PyTuple_Check(attrs)) {
-        PyErr_Format(PyExc_TypeError, "node %lld: inputs and attrs must be "
-                     "tuples", node->id);
+    PyObject *attrs = node->attrs;
+    if (attrs == NULL || !PyTuple_Check(attrs)) {
+        PyErr_Format(PyExc_TypeError, "node %lld: attrs must be a tuple",
+                     node->id);
         return -1;
     }
     /* Held: the callbacks below run Python code. */
-    Py_INCREF(inputs);
+    PyObject *inputs = node_inputs_tuple(node);
+    if (inputs == NULL)
+        return -1;
     Py_INCREF(attrs);
     Py_ssize_t count = PyTuple_GET_SIZE(inputs);
     PyObject *operands = PyList_New(count);
@@ -1249,14 +1241,12 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             if (source->row == d->access_row && index >= 0) {
                 /* Read the picked output of the multi-output node. */
                 if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
-                        || !PyTuple_Check(source->inputs)
-                        || PyTuple_GET_SIZE(source->inputs) < 1
-                        || !Py_IS_TYPE(PyTuple_GET_ITEM(source->inputs, 0), node_type)) {
+                        || source->input_count < 1 || !is_node(node_input(source, 0))) {
                     PyErr_SetString(PyExc_TypeError, "a malformed access node");
                     goto fail;
                 }
                 pick = PyTuple_GET_ITEM(source->attrs, 0);
-                source = (Node *)PyTuple_GET_ITEM(source->inputs, 0);
+                source = (Node *)node_input(source, 0);
                 index = idmap_get(index_of, source->id);
                 if (index < 0) {
                     PyErr_Format(PyExc_KeyError, "%lld", source->id);
@@ -1371,11 +1361,11 @@ keeps_own_row(Describe *d, Node *node, PyObject *gathers)
     Py_ssize_t position = PyLong_AsSsize_t(gathers);
     if (position == -1 && PyErr_Occurred())
         return -1;
-    if (position < 0 || position >= PyTuple_GET_SIZE(node->inputs)) {
+    if (position < 0 || position >= node->input_count) {
         PyErr_SetString(PyExc_IndexError, "gathers_from is not an operand");
         return -1;
     }
-    PyObject *operand = PyTuple_GET_ITEM(node->inputs, position);
+    PyObject *operand = node_input(node, position);
     if (Py_IS_TYPE(operand, node_type))
         return 0;
     int kind = operand_kind(d, operand);
@@ -1439,18 +1429,16 @@ describe_graph(PyObject *module, PyObject *args)
         goto done;
     for (Py_ssize_t index = 0; index < count; index++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, index);
-        if (node->row == NULL || node->inputs == NULL || !PyTuple_Check(node->inputs)) {
-            PyErr_Format(PyExc_TypeError, "node %lld has no row or inputs tuple",
-                         node->id);
+        if (node->row == NULL) {
+            PyErr_Format(PyExc_TypeError, "node %lld has no row", node->id);
             goto done;
         }
         if (node->row == d.access_row) {
-            if (PyTuple_GET_SIZE(node->inputs) < 1
-                    || !Py_IS_TYPE(PyTuple_GET_ITEM(node->inputs, 0), node_type)) {
+            if (node->input_count < 1 || !is_node(node_input(node, 0))) {
                 PyErr_SetString(PyExc_TypeError, "a malformed access node");
                 goto done;
             }
-            PyObject *source = Py_NewRef(PyTuple_GET_ITEM(node->inputs, 0));
+            PyObject *source = Py_NewRef(node_input(node, 0));
             Py_ssize_t source_index = idmap_get(&index_of, ((Node *)source)->id);
             if (source_index < 0) {   /* its op ran in an earlier evaluation */
                 PyObject *done = PyObject_CallFunctionObjArgs(

@@ -30,15 +30,14 @@ latest_producer(Node *node, PyObject *access_row, PyObject *row_kind,
                 PyObject *cache, int *error)
 {
     Node *latest = NULL;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(node->inputs); i++) {
-        PyObject *operand = PyTuple_GET_ITEM(node->inputs, i);
+    for (Py_ssize_t i = 0; i < node->input_count; i++) {
+        PyObject *operand = node_input(node, i);
         if (!is_node(operand))
             continue;
         Node *access = (Node *)operand;
-        if (access->row != access_row || !PyTuple_Check(access->inputs)
-                || PyTuple_GET_SIZE(access->inputs) == 0)
+        if (access->row != access_row || access->input_count == 0)
             continue;   /* (an evaluated access node has no inputs) */
-        PyObject *source = PyTuple_GET_ITEM(access->inputs, 0);
+        PyObject *source = node_input(access, 0);
         if (!is_node(source))
             continue;
         int kind = kind_of_row(((Node *)source)->row, row_kind, cache);
@@ -63,18 +62,16 @@ feeds(Node *node, Node *producer)
 {
     Node *stack[FEEDS_NODES], *seen[FEEDS_NODES];
     Py_ssize_t depth = 0, seen_count = 0, budget = FEEDS_BUDGET;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(producer->inputs); i++) {
-        PyObject *operand = PyTuple_GET_ITEM(producer->inputs, i);
+    for (Py_ssize_t i = 0; i < producer->input_count; i++) {
+        PyObject *operand = node_input(producer, i);
         if (is_node(operand) && ((Node *)operand)->id > node->id && depth < FEEDS_NODES)
             stack[depth++] = (Node *)operand;
     }
     while (depth > 0 && budget > 0) {
         budget--;
         Node *current = stack[--depth];
-        if (!PyTuple_Check(current->inputs))
-            continue;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(current->inputs); i++) {
-            PyObject *operand = PyTuple_GET_ITEM(current->inputs, i);
+        for (Py_ssize_t i = 0; i < current->input_count; i++) {
+            PyObject *operand = node_input(current, i);
             if (operand == (PyObject *)node)
                 return 1;
             if (!is_node(operand) || ((Node *)operand)->id <= node->id
@@ -101,18 +98,17 @@ feeds(Node *node, Node *producer)
 static PyObject *
 wiring_of(Node *consumer, Node *producer, PyObject *access_row, PyObject *extras)
 {
-    Py_ssize_t count = PyTuple_GET_SIZE(consumer->inputs);
-    Py_ssize_t arguments = PyTuple_GET_SIZE(producer->inputs);
+    Py_ssize_t count = consumer->input_count;
+    Py_ssize_t arguments = producer->input_count;
     PyObject *wiring = PyTuple_New(count);
     if (wiring == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *operand = PyTuple_GET_ITEM(consumer->inputs, i);
+        PyObject *operand = node_input(consumer, i);
         PyObject *entry = NULL;
         if (is_node(operand) && ((Node *)operand)->row == access_row
-                && PyTuple_Check(((Node *)operand)->inputs)
-                && PyTuple_GET_SIZE(((Node *)operand)->inputs) > 0
-                && PyTuple_GET_ITEM(((Node *)operand)->inputs, 0) == (PyObject *)producer) {
+                && ((Node *)operand)->input_count > 0
+                && node_input((Node *)operand, 0) == (PyObject *)producer) {
             PyObject *attrs = ((Node *)operand)->attrs;
             if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1) {
                 PyErr_SetString(PyExc_ValueError, "a malformed access node");
@@ -123,7 +119,7 @@ wiring_of(Node *consumer, Node *producer, PyObject *access_row, PyObject *extras
         }
         else {
             Py_ssize_t place = 0;
-            while (place < arguments && PyTuple_GET_ITEM(producer->inputs, place) != operand)
+            while (place < arguments && node_input(producer, place) != operand)
                 place++;
             if (place == arguments) {
                 if (is_node(operand) && unevaluated((Node *)operand)
@@ -157,8 +153,10 @@ join(Node *consumer, Node *producer, PyObject *fused, PyObject *extras,
     PyObject *row = PyObject_GetAttr(fused, str_row);
     if (row == NULL)
         return -1;
+    PyObject *own = node_inputs_tuple(producer);
     PyObject *added = PyList_AsTuple(extras);
-    PyObject *inputs = added == NULL ? NULL : PySequence_Concat(producer->inputs, added);
+    PyObject *inputs = own == NULL || added == NULL ? NULL : PySequence_Concat(own, added);
+    Py_XDECREF(own);
     Py_XDECREF(added);
     PyObject *specs = PySequence_Tuple(producer->spec);
     PyObject *output = specs == NULL ? NULL : PyLong_FromSsize_t(PyTuple_GET_SIZE(specs));
@@ -166,24 +164,26 @@ join(Node *consumer, Node *producer, PyObject *fused, PyObject *extras,
     PyObject *spec = specs == NULL || spec_added == NULL ? NULL
                      : PySequence_Concat(specs, spec_added);
     PyObject *attrs = output == NULL ? NULL : PyTuple_Pack(1, output);
-    PyObject *reads = PyTuple_Pack(1, (PyObject *)producer);
     Py_XDECREF(specs);
     Py_XDECREF(spec_added);
     Py_XDECREF(output);
-    if (inputs == NULL || spec == NULL || attrs == NULL || reads == NULL) {
+    PyObject *reads = (PyObject *)producer;
+    /* (One input is kept inline: the consumer's cannot fail.) */
+    if (inputs == NULL || spec == NULL || attrs == NULL
+            || node_set_inputs(producer, PySequence_Fast_ITEMS(inputs),
+                               PyTuple_GET_SIZE(inputs)) < 0
+            || node_set_inputs(consumer, &reads, 1) < 0) {
         Py_DECREF(row);
         Py_XDECREF(inputs);
         Py_XDECREF(spec);
         Py_XDECREF(attrs);
-        Py_XDECREF(reads);
         return -1;
     }
+    Py_DECREF(inputs);
     Py_XSETREF(producer->row, row);
-    Py_XSETREF(producer->inputs, inputs);
     Py_XSETREF(producer->spec, spec);
     Py_XSETREF(consumer->row, Py_NewRef(access_row));
     Py_XSETREF(consumer->attrs, attrs);
-    Py_XSETREF(consumer->inputs, reads);
     return 0;
 }
 
@@ -209,7 +209,7 @@ fuse(PyObject *module, PyObject *args)
         return NULL;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); i++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i);
-        if (!is_node((PyObject *)node) || !PyTuple_Check(node->inputs)) {
+        if (!is_node((PyObject *)node)) {
             PyErr_Format(PyExc_TypeError, "pattern_nodes[%zd] is not a recorded node", i);
             Py_DECREF(nodes);
             return NULL;
@@ -228,7 +228,7 @@ fuse(PyObject *module, PyObject *args)
         Node *producer = latest_producer(node, access_row, row_kind, cache, &error);
         if (error)
             goto fail;
-        if (producer == NULL || !PyTuple_Check(producer->inputs))
+        if (producer == NULL)
             continue;
         Py_INCREF(producer);   /* held while Python runs */
         extras = PyList_New(0);

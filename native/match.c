@@ -425,29 +425,16 @@ operand_kind(Labels *labels, PyObject *operand)
 
 /* -- running a program ----------------------------------------------------------- */
 
-/* A node's operands, or NULL (a node whose inputs were deleted or replaced
- * by something else counts as having none). */
-static inline PyObject *
-operands_of(Node *node)
-{
-    PyObject *inputs = node->inputs;
-    return inputs != NULL && (PyTuple_Check(inputs) || PyList_Check(inputs))
-           ? inputs : NULL;
-}
-
 static inline Py_ssize_t
 operand_count(Node *node)
 {
-    PyObject *inputs = operands_of(node);
-    return inputs == NULL ? 0 : PySequence_Fast_GET_SIZE(inputs);
+    return node->input_count;
 }
 
 static inline PyObject *
 operand_at(Node *node, Py_ssize_t position)
 {
-    PyObject *inputs = operands_of(node);
-    return inputs != NULL && position < PySequence_Fast_GET_SIZE(inputs)
-           ? PySequence_Fast_GET_ITEM(inputs, position) : NULL;
+    return position < node->input_count ? node_input(node, position) : NULL;
 }
 
 /* Kept outside any pattern but as its root or input (thesis 5.5)? */
@@ -462,19 +449,16 @@ outside(Labels *labels, Node *node)
 static int
 has_value_operand(Labels *labels, Node *node)
 {
-    PyObject *inputs = operands_of(node);
-    Py_ssize_t count = inputs == NULL ? 0 : PySequence_Fast_GET_SIZE(inputs);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *operand = PySequence_Fast_GET_ITEM(inputs, i);
+    for (Py_ssize_t i = 0; i < node->input_count; i++) {
+        PyObject *operand = node_input(node, i);
         if (is_node(operand) || PyLong_CheckExact(operand)
                 || PyFloat_CheckExact(operand) || PyBool_Check(operand))
             continue;
-        Py_INCREF(inputs);  /* the kind's callback may replace the inputs */
+        Py_INCREF(operand);  /* the kind's callback may replace the inputs */
         int value = equal(operand_kind(labels, operand), str_value);
-        Py_DECREF(inputs);
+        Py_DECREF(operand);
         if (value != 0)
             return value;
-        count = PySequence_Fast_GET_SIZE(inputs);
     }
     return 0;
 }
@@ -765,15 +749,15 @@ match(PyObject *module, PyObject *args)
 /* Rewrites ``node`` into one node running the pattern of ``entry``
  * (program, row, argument_positions) after a match: its inputs become the
  * walk's inputs at the argument positions, and the subgraph's other nodes
- * are recorded as swallowed.  Returns the new inputs (borrowed), or NULL. */
-static PyObject *
+ * are recorded as swallowed.  0, or -1 with an exception set. */
+static int
 rewrite(Node *node, PyObject *entry, Run *run)
 {
     PyObject *positions = PyTuple_GET_ITEM(entry, 2);
     Py_ssize_t count = PyTuple_GET_SIZE(positions);
     PyObject *operands = PyTuple_New(count);
     if (operands == NULL)
-        return NULL;
+        return -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PyTuple_GET_ITEM(positions, i);
         Py_ssize_t position = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
@@ -784,17 +768,24 @@ rewrite(Node *node, PyObject *entry, Run *run)
                          "one of the match's %zd inputs", item,
                          run->input_count);
             Py_DECREF(operands);
-            return NULL;
+            return -1;
         }
         PyTuple_SET_ITEM(operands, i, Py_NewRef(run->inputs[position]));
     }
     /* The root is the last of the walk's nodes; the others are swallowed. */
     for (Py_ssize_t i = 0; i + 1 < run->node_count; i++)
         ((Node *)run->nodes[i])->swallowed = 1;
+    PyObject *no_attrs = PyTuple_New(0);
+    int set = no_attrs == NULL ? -1
+              : node_set_inputs(node, PySequence_Fast_ITEMS(operands), count);
+    Py_DECREF(operands);
+    if (set < 0) {
+        Py_XDECREF(no_attrs);
+        return -1;
+    }
     Py_XSETREF(node->row, Py_NewRef(PyTuple_GET_ITEM(entry, 1)));
-    Py_XSETREF(node->attrs, PyTuple_New(0));
-    Py_XSETREF(node->inputs, operands);
-    return operands;
+    Py_XSETREF(node->attrs, no_attrs);
+    return 0;
 }
 
 /* The search's step: reach the nodes among ``operands`` (only the
@@ -802,12 +793,11 @@ rewrite(Node *node, PyObject *entry, Run *run)
  * holds a reference to each, and ``pending`` (borrowing) lists them to
  * visit.  No Python code runs here. */
 static int
-enqueue(PyObject *operands, int unevaluated_only, IdBits *ids,
-        KeyedArray *reached, KeyedArray *pending)
+enqueue(PyObject *const *operands, Py_ssize_t count, int unevaluated_only,
+        IdBits *ids, KeyedArray *reached, KeyedArray *pending)
 {
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(operands);
-    for (Py_ssize_t i = 0; i < size; i++) {
-        PyObject *operand = PySequence_Fast_GET_ITEM(operands, i);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *operand = operands[i];
         if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
         int added = idbits_add(ids, ((Node *)operand)->id);
@@ -914,12 +904,12 @@ replace(PyObject *module, PyObject *args)
             goto done;
         }
     }
-    if (enqueue(root_list, 0, &ids, &reached, &pending) < 0)
+    if (enqueue(PySequence_Fast_ITEMS(root_list), PySequence_Fast_GET_SIZE(root_list),
+                0, &ids, &reached, &pending) < 0)
         goto done;
 
     while (pending.size > 0) {
         Node *node = (Node *)pending.items[--pending.size].node;
-        PyObject *operands = NULL;
         entries = node->row == NULL ? NULL
                   : PyDict_GetItemWithError(candidates, node->row);
         if (entries == NULL && PyErr_Occurred())
@@ -933,18 +923,15 @@ replace(PyObject *module, PyObject *args)
             if (found < 0)
                 goto done;
             if (found) {   /* the first match wins: the largest pattern */
-                operands = rewrite(node, entry, &run);
-                if (operands == NULL)
-                    goto done;
-                if (keyed_push(&replaced, node) < 0)
+                if (rewrite(node, entry, &run) < 0
+                        || keyed_push(&replaced, node) < 0)
                     goto done;
                 break;
             }
         }
-        if (operands == NULL)
-            operands = operands_of(node);
-        if (operands != NULL
-                && enqueue(operands, 1, &ids, &reached, &pending) < 0)
+        /* On from its operands, or from the pattern's inputs it now has. */
+        if (enqueue(node->inputs, node->input_count, 1, &ids, &reached,
+                    &pending) < 0)
             goto done;
     }
     /* (Each node is reached once: the sorts drop nothing ``reached``

@@ -9,7 +9,7 @@
  * tp_traverse): a recording scope holds hundreds of thousands of nodes, and
  * scanning them was a large part of recording's cost.  That is sound only
  * because nodes cannot form reference cycles through their fields:
- * - inputs and attrs hold values that existed when the node was recorded
+ * - operands and attrs hold values that existed when the node was recorded
  *   (earlier nodes, tensors, variables, Python values); the passes that
  *   rewrite inputs (pattern matching and fusion in search.py) replace them
  *   with earlier nodes only, so a node never reaches itself;
@@ -17,18 +17,25 @@
  *   interned Spec, a code object and line) that do not refer to nodes;
  * - result and batch hold tensors (or lists of them), batch_row an int.
  * tests/test_native.py checks that freed graphs leave nothing behind. */
+#define INLINE_INPUTS 2
+
 typedef struct Node {
     PyObject_HEAD
     union {
         long long id;               /* global, increasing: a topological order */
         struct Node *next_release;  /* while queued in node_dealloc */
     };
-    Py_ssize_t consumers;   /* nodes recorded with this one as an operand */
+    int consumers;          /* nodes recorded with this one as an operand */
+    int input_count;
     char swallowed;         /* inside a matched pattern, or an output a
                                compiled program did not keep: computed only
                                if asked for, not when its scope closes */
+    /* The operands (nodes, tensors, variables, values), held:
+     * inline_inputs, or a PyMem array when there are more.  In the node
+     * rather than in a tuple of its own, so that a walk over the graph
+     * reads one place per node; Python sees a tuple (``inputs``). */
+    PyObject **inputs;
     PyObject *row;          /* the op-table row (OpRow) */
-    PyObject *inputs;       /* operands: nodes, tensors, variables, values */
     PyObject *attrs;        /* the op's other arguments, hashable */
     PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
     PyObject *result;       /* the tf.Tensor once evaluated, else None */
@@ -36,6 +43,7 @@ typedef struct Node {
     PyObject *batch;        /* a batched result holding this node's value */
     PyObject *batch_row;    /* ... as this row of it */
     PyObject *weakrefs;
+    PyObject *inline_inputs[INLINE_INPUTS];
 } Node;
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
@@ -50,6 +58,22 @@ is_node(PyObject *object)
 {
     return Py_IS_TYPE(object, node_type);
 }
+
+/* Input ``i`` of a node, borrowed: valid until its inputs are set again,
+ * which Python code may do (hold a reference across a callback). */
+static inline PyObject *
+node_input(Node *node, Py_ssize_t i)
+{
+    return node->inputs[i];
+}
+
+/* _native.c: replace a node's inputs by ``count`` ``items`` (new
+ * references taken; the old ones dropped last, since dropping one may run
+ * any code).  0, or -1 with an exception set and the node unchanged. */
+int node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count);
+
+/* A node's inputs as a new tuple (what Python sees), or NULL. */
+PyObject *node_inputs_tuple(Node *node);
 
 /* Unevaluated: no value yet, neither its own nor a row of a batch.  A field
  * deleted from Python (NULL) is not None, so such a node counts as

@@ -816,10 +816,8 @@ write_back(PyObject *module, PyObject *args)
             Py_XSETREF(node->batch, batch);
             Py_XSETREF(node->batch_row, batch_row);
         }
-        PyObject *no_inputs = PyTuple_New(0);
-        if (no_inputs == NULL)
+        if (node_set_inputs(node, NULL, 0) < 0)
             goto fail;
-        Py_XSETREF(node->inputs, no_inputs);
         Py_XSETREF(node->site, Py_NewRef(Py_None));
         if (node->consumers == 0 && node->batch != Py_None
                 && PyList_Append(results, (PyObject *)node) < 0)

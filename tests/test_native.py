@@ -157,13 +157,35 @@ def test_deep_chains_are_freed_without_recursing():
         x = x + 1.0
     del x
     assert probe() is None
-    # Inputs need not be tuples (whose deallocation CPython bounds itself).
-    chain = VirtualNode(0, ACCESS, (), (), None, None)
-    probe = weakref.ref(chain)
-    for node_id in range(1, 300_000):
-        chain = VirtualNode(node_id, ACCESS, chain, (), None, None)
-    del chain
-    assert probe() is None
+    # Inputs kept in the node and in an array of their own (more than two).
+    for extra in ((), (1.0, 2.0)):
+        chain = VirtualNode(0, ACCESS, (), (), None, None)
+        probe = weakref.ref(chain)
+        for node_id in range(1, 300_000):
+            chain = VirtualNode(node_id, ACCESS, [chain, *extra], (), None, None)
+        del chain
+        assert probe() is None
+
+
+def test_inputs_are_a_tuple_and_can_be_replaced():
+    x, y = tf.tanh(constant(1)), tf.exp(constant(1))
+    node = x + y
+    assert node.inputs == (x, y) and type(node.inputs) is tuple
+    consumers = x.consumers
+    node.inputs = [y, x, 3.0]        # a list is copied, beyond the inline two
+    assert node.inputs == (y, x, 3.0)
+    node.inputs = (x,)
+    assert node.inputs == (x,)
+    del node.inputs
+    assert node.inputs == ()
+    assert x.consumers == consumers  # (counted when recorded, not here)
+    probe = weakref.ref(y)
+    del y
+    assert probe() is None           # replaced inputs are released
+    with pytest.raises(TypeError, match="tuple or list"):
+        node.inputs = x
+    with pytest.raises(TypeError, match="tuple or list"):
+        VirtualNode(0, ACCESS, x, (), None, None)
 
 
 def test_variables_and_python_numbers_give_their_own_specs():

@@ -556,11 +556,13 @@ def test_odd_nodes_never_match_and_never_crash():
         ("op", 0, ACCESS, 1, (0,), (int,), False, "float32"),
         ("child", 0, 0, 1), ("input", 1, ACCESS, True, None), ("node", 0)))
     leaf = node(1)
-    for inputs, attrs in ((5, (0,)), ([leaf], (0,)), ((leaf,), [0]), ((3,), (0,)),
+    for inputs, attrs in (([leaf], (0,)), ((leaf,), [0]), ((3,), (0,)),
                           ((leaf, leaf), (0,)), ((leaf,), (False,))):
         odd = node(2, ACCESS, (leaf,), (0,))
         odd.inputs, odd.attrs = inputs, attrs
         assert _native.match(program, odd, labels()) is None
+    with pytest.raises(TypeError):   # inputs are a tuple or list, nothing else
+        odd.inputs = 5
     del leaf.spec
     assert _native.match(program, node(2, ACCESS, (leaf,), (0,)), labels()) is None
     odd = node(2, ACCESS, ([], 5, leaf), (0,))
