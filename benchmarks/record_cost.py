@@ -2,7 +2,7 @@
 subgraphjit and never evaluated, against the same Python model code running
 eagerly.  Prints microseconds per recorded op, and the memory a recorded op
 holds: bytes allocated (tracemalloc: sizes as requested from Python's
-allocators) and resident-set growth (/proc/self/statm, Linux only), each
+allocators, plus the chunks that hold nodes) and resident-set growth (/proc/self/statm, Linux only), each
 divided by the ops recorded.
 
     python benchmarks/record_cost.py [--batch-sizes 25 256] [--repeats 5]
@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import subgraphjit  # noqa: E402
+from subgraphjit import _native  # noqa: E402
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
 
@@ -54,9 +55,16 @@ def resident_bytes():
         return float("nan")
 
 
+def node_storage():
+    """Bytes of the chunks that hold nodes (native/slab.c), which
+    tracemalloc does not see."""
+    slab = _native.slab_statistics()
+    return slab["chunks"] * slab["chunk_bytes"]
+
+
 def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
     """Bytes per recorded op that a recorded graph holds: allocated
-    (tracemalloc) and resident-set growth.  Copies of the minibatch's
+    (tracemalloc, and the chunks nodes live in) and resident-set growth.  Copies of the minibatch's
     recording are kept alive together (2,000,000 ops or more) and each
     measure is taken over the second half of them: the first ones reuse
     memory the process already holds (freed by earlier evaluations).
@@ -73,8 +81,8 @@ def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
         for _ in range(2 * -(-1_000_000 // ops_per_minibatch)):
             losses.append(subgraphjit.add_n(
                 [model.loss(tree, vocabulary) for tree in batch]))
-            marks.append((tracemalloc.get_traced_memory()[0] if traced
-                          else resident_bytes(),
+            marks.append((tracemalloc.get_traced_memory()[0] + node_storage()
+                          if traced else resident_bytes(),
                           subgraphjit.stats()["nodes_recorded"]))
         tracemalloc.stop()
         del losses

@@ -396,6 +396,46 @@ static PyObject *str_cache, *str_multi_output, *str_pending, *str_append,
 #define SHARED_INDICES 16
 static PyObject *index_attrs[SHARED_INDICES];
 
+/* Per row, its spec cache (``row.cache``, a dict) and whether it is
+ * multi-output: read once, not as two attribute lookups per op.  Both are
+ * fixed when a row is made (patch/record.py); the table holds the row, so
+ * no other row takes its address. */
+#define ROW_SLOTS 256
+static struct {
+    PyObject *row, *cache;
+    int multi_output;
+} row_table[ROW_SLOTS];
+
+/* The row's cache (borrowed) and multi-output flag, or NULL with an
+ * exception set. */
+static PyObject *
+row_cache(PyObject *row, int *multi_output)
+{
+    size_t slot = ((size_t)row >> 4) % ROW_SLOTS;
+    if (row_table[slot].row != row) {
+        PyObject *cache = PyObject_GetAttr(row, str_cache);
+        if (cache == NULL)
+            return NULL;
+        if (!PyDict_Check(cache)) {
+            Py_DECREF(cache);
+            PyErr_SetString(PyExc_TypeError, "row.cache must be a dict");
+            return NULL;
+        }
+        PyObject *multi = PyObject_GetAttr(row, str_multi_output);
+        int is_multi = multi == NULL ? -1 : PyObject_IsTrue(multi);
+        Py_XDECREF(multi);
+        if (is_multi < 0) {
+            Py_DECREF(cache);
+            return NULL;
+        }
+        Py_XSETREF(row_table[slot].cache, cache);
+        Py_XSETREF(row_table[slot].row, Py_NewRef(row));
+        row_table[slot].multi_output = is_multi;
+    }
+    *multi_output = row_table[slot].multi_output;
+    return row_table[slot].cache;
+}
+
 static int
 append_pending(PyObject *node)
 {
@@ -592,17 +632,15 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *row = args[0], *inputs = args[1];
     PyObject *attrs = Py_NewRef(args[2]);
-    PyObject *cache = NULL, *key = NULL, *spec = NULL, *site = NULL;
+    PyObject *key = NULL, *spec = NULL, *site = NULL;
     PyObject *result = NULL;
     Node *node = NULL;
+    int is_multi;
 
-    cache = PyObject_GetAttr(row, str_cache);
+    /* Held: shape inference below runs Python code. */
+    PyObject *cache = Py_XNewRef(row_cache(row, &is_multi));
     if (cache == NULL)
         goto done;
-    if (!PyDict_Check(cache)) {
-        PyErr_SetString(PyExc_TypeError, "row.cache must be a dict");
-        goto done;
-    }
     key = cache_key(inputs, attrs);
     if (key == NULL)
         goto done;
@@ -649,11 +687,6 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             ((Node *)operand)->consumers++;
     }
     if (append_pending((PyObject *)node) < 0)
-        goto done;
-    PyObject *multi = PyObject_GetAttr(row, str_multi_output);
-    int is_multi = multi == NULL ? -1 : PyObject_IsTrue(multi);
-    Py_XDECREF(multi);
-    if (is_multi < 0)
         goto done;
     result = is_multi ? outputs_of(node, site) : Py_NewRef(node);
 done:
@@ -713,7 +746,7 @@ static PyMethodDef methods[] = {
      "The id the next recorded node will get (takes none)."},
     {"slab_statistics", slab_statistics, METH_NOARGS,
      "Node storage (slab.c): live nodes, chunks held, empty chunks kept for "
-     "reuse, and nodes per chunk, as a dict (takes none)."},
+     "reuse, nodes per chunk and a chunk's bytes, as a dict (takes none)."},
     {NULL},
 };
 

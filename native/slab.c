@@ -149,7 +149,8 @@ slab_free(void *slot)
 PyObject *
 slab_statistics(PyObject *module, PyObject *unused)
 {
-    return Py_BuildValue("{s:n,s:n,s:n,s:n}", "nodes", nodes,
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n}", "nodes", nodes,
                          "chunks", chunks, "empty_chunks", empty_count,
-                         "nodes_per_chunk", CAPACITY);
+                         "nodes_per_chunk", CAPACITY,
+                         "chunk_bytes", (Py_ssize_t)CHUNK_BYTES);
 }
