@@ -397,9 +397,11 @@ static PyObject *str_cache, *str_multi_output, *str_pending, *str_append,
 static PyObject *index_attrs[SHARED_INDICES];
 
 /* Per row, its spec cache (``row.cache``, a dict) and whether it is
- * multi-output: read once, not as two attribute lookups per op.  Both are
- * fixed when a row is made (patch/record.py); the table holds the row, so
- * no other row takes its address. */
+ * multi-output: read once, not as two attribute lookups per op.  The cache
+ * dict is made with the row (patch/record.py); multi_output may be learnt
+ * by shape inference (a generic row's, patch/dispatch.py), so it is read
+ * again after each (``forget_row``).  The table holds the row, so no other
+ * row takes its address. */
 #define ROW_SLOTS 256
 static struct {
     PyObject *row, *cache;
@@ -434,6 +436,16 @@ row_cache(PyObject *row, int *multi_output)
     }
     *multi_output = row_table[slot].multi_output;
     return row_table[slot].cache;
+}
+
+static void
+forget_row(PyObject *row)
+{
+    size_t slot = ((size_t)row >> 4) % ROW_SLOTS;
+    if (row_table[slot].row == row) {
+        Py_CLEAR(row_table[slot].row);
+        Py_CLEAR(row_table[slot].cache);
+    }
 }
 
 static int
@@ -675,6 +687,9 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         spec = PyObject_CallFunctionObjArgs(infer, row, inputs, attrs, key,
                                             site, NULL);
         if (spec == NULL)
+            goto done;
+        forget_row(row);
+        if (row_cache(row, &is_multi) == NULL)
             goto done;
     }
     node = new_node(next_id++, row, PySequence_Fast_ITEMS(inputs),
