@@ -390,7 +390,8 @@ static PyObject *scalar_specs;     /* {int: Spec, float: ..., bool: ...} */
 static PyObject *variable_types;   /* {type of each variable seen} */
 
 static PyObject *str_cache, *str_multi_output, *str_pending, *str_append,
-                *str_variable_spec;
+                *str_variable_spec, *str_datatype_enum, *str_shape_tuple;
+static PyObject *eager_tensor_type;  /* TensorFlow's EagerTensor */
 
 /* Attributes of output i of a multi-output op, (i,), shared by all. */
 #define SHARED_INDICES 16
@@ -505,6 +506,33 @@ int_list_spec(PyObject *operand)
 /* spec_of_foreign(operand), with its common cases taken here: Python
  * numbers (by exact type), variables, which keep their spec on themselves
  * once spec_of_foreign has seen them, and lists of ints. */
+/* The spec of an eager tensor, by its dtype number and shape (two C
+ * methods of EagerTensor) in a table of the specs spec_of_foreign gave:
+ * tensors among the operands (a constant, a tensor the user computed
+ * eagerly) otherwise cost a Python call building a TensorShape. */
+static PyObject *eager_tensor_specs;   /* (dtype number, shape) -> Spec */
+
+static PyObject *
+eager_tensor_spec(PyObject *tensor)
+{
+    PyObject *dtype = PyObject_CallMethodNoArgs(tensor, str_datatype_enum);
+    PyObject *shape = dtype == NULL ? NULL
+                      : PyObject_CallMethodNoArgs(tensor, str_shape_tuple);
+    PyObject *key = shape == NULL ? NULL : PyTuple_Pack(2, dtype, shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    if (key == NULL)
+        return NULL;
+    PyObject *spec = Py_XNewRef(PyDict_GetItemWithError(eager_tensor_specs, key));
+    if (spec == NULL && !PyErr_Occurred()) {
+        spec = PyObject_CallOneArg(spec_of_foreign, tensor);
+        if (spec != NULL && PyDict_SetItem(eager_tensor_specs, key, spec) < 0)
+            Py_CLEAR(spec);
+    }
+    Py_DECREF(key);
+    return spec;
+}
+
 static PyObject *
 foreign_spec(PyObject *operand)
 {
@@ -526,6 +554,8 @@ foreign_spec(PyObject *operand)
             return NULL;
         PyErr_Clear();
     }
+    if (Py_IS_TYPE(operand, (PyTypeObject *)eager_tensor_type))
+        return eager_tensor_spec(operand);
     spec = int_list_spec(operand);
     if (spec != NULL || PyErr_Occurred())
         return spec;
@@ -716,22 +746,24 @@ done:
 
 PyDoc_STRVAR(setup_doc,
 "setup(context, spec_of_foreign, infer, freeze, access_row, scalar_specs,\n"
-"      variable_types)\n--\n\n"
-"Give record() the context object, its Python callbacks, and the tables of\n"
-"spec_of_foreign's fast cases (a dict by type and a set of types).");
+"      variable_types, eager_tensor_type)\n--\n\n"
+"Give record() the context object, its Python callbacks, the tables of\n"
+"spec_of_foreign's fast cases (a dict by type and a set of types) and\n"
+"TensorFlow's EagerTensor type (whose specs record() keeps by dtype and\n"
+"shape).");
 
 static PyObject *
 setup(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"context", "spec_of_foreign", "infer",
                                "freeze", "access_row", "scalar_specs",
-                               "variable_types", NULL};
-    PyObject *given[7];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO!O!:setup",
+                               "variable_types", "eager_tensor_type", NULL};
+    PyObject *given[8];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO!O!O!:setup",
                                      keywords, &given[0], &given[1],
                                      &given[2], &given[3], &given[4],
                                      &PyDict_Type, &given[5], &PySet_Type,
-                                     &given[6]))
+                                     &given[6], &PyType_Type, &given[7]))
         return NULL;
     for (int i = 1; i <= 3; i++) {
         if (!PyCallable_Check(given[i])) {
@@ -741,8 +773,9 @@ setup(PyObject *module, PyObject *args, PyObject *kwargs)
         }
     }
     PyObject **fields[] = {&context, &spec_of_foreign, &infer, &freeze,
-                           &access_row, &scalar_specs, &variable_types};
-    for (int i = 0; i < 7; i++)
+                           &access_row, &scalar_specs, &variable_types,
+                           &eager_tensor_type};
+    for (int i = 0; i < 8; i++)
         Py_XSETREF(*fields[i], Py_NewRef(given[i]));
     Py_RETURN_NONE;
 }
@@ -784,6 +817,9 @@ PyInit__native(void)
     str_pending = PyUnicode_InternFromString("pending");
     str_append = PyUnicode_InternFromString("append");
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
+    str_datatype_enum = PyUnicode_InternFromString("_datatype_enum");
+    str_shape_tuple = PyUnicode_InternFromString("_shape_tuple");
+    eager_tensor_specs = PyDict_New();
     int_list_specs = PyDict_New();
     for (Py_ssize_t i = 0; i < SHARED_INDICES; i++) {
         index_attrs[i] = Py_BuildValue("(n)", i);
@@ -803,6 +839,8 @@ PyInit__native(void)
     }
     if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
             || str_append == NULL || str_variable_spec == NULL
+            || str_datatype_enum == NULL || str_shape_tuple == NULL
+            || eager_tensor_specs == NULL
             || int_list_specs == NULL
             || one == NULL || node_type == NULL || node_operand_type == NULL
             || getframe == NULL

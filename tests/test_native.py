@@ -139,7 +139,8 @@ def test_bad_rows_and_nodes_raise_clean_errors():
     with pytest.raises(TypeError):
         VirtualNode(1, None)
     with pytest.raises(TypeError):
-        _native.setup(context, None, None, None, ACCESS, {}, set())
+        _native.setup(context, None, None, None, ACCESS, {}, set(),
+                      type(constant(1)))
     node = tf.tanh(constant(2))
     del node.spec
     with pytest.raises(AttributeError):
@@ -199,7 +200,8 @@ def test_variables_and_python_numbers_give_their_own_specs():
     assert (h + 1).dtype == (h + 1.0).dtype == tf.float32
     assert (h + 1).inputs == (h, 1) and (h + 1).row.name == "operator.add"
     with pytest.raises(TypeError):
-        _native.setup(context, None, None, None, ACCESS, [], set())
+        _native.setup(context, None, None, None, ACCESS, [], set(),
+                      type(constant(1)))
 
 
 def test_lists_of_ints_give_the_spec_spec_of_foreign_gives():
@@ -268,3 +270,18 @@ def test_node_storage_is_reused_and_returned():
     after = _native.slab_statistics()
     assert after["empty_chunks"] == 512
     assert after["chunks"] - after["empty_chunks"] <= before["chunks"] - before["empty_chunks"] + 1
+
+
+def test_eager_tensor_operands_get_the_spec_spec_of_foreign_gives():
+    """Eager tensors' specs are kept by dtype and shape in C: the same
+    interned Spec as spec_of_foreign's, for each dtype and shape, when
+    first met and when found again."""
+    values = [np.ones((1, 3), np.float32), np.ones((), np.int32),
+              np.ones((2, 2), np.float64), np.zeros((3,), np.bool_),
+              np.array(["a"]), np.ones((1, 3), np.float64)]
+    for _ in range(2):
+        for value in values:
+            tensor = tensorflow.constant(value)
+            node = tf.identity(tensor)
+            assert node.spec is spec_of_foreign(tensor)
+            assert node.inputs[0] is tensor

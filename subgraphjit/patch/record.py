@@ -140,33 +140,52 @@ def _is_library(code):
         f"{module}{sep}" in filename for module in _LIBRARY_MODULES for sep in "/\\")
 
 
+# What each code object's frames are: "user", "library" or "keras" (a
+# Keras frame is also a library one).  Recording through dispatch walks
+# several TensorFlow frames per op; this makes each step a dict lookup.
+_FRAME_KINDS = {}
+
+
+def _frame_kind(frame):
+    code = frame.f_code
+    kind = _FRAME_KINDS.get(code)
+    if kind is None:
+        name = frame.f_globals.get("__name__") or ""
+        kind = ("keras" if name.startswith(_KERAS_MODULES) else
+                "library" if name.startswith(_LIBRARY_MODULES)
+                or code.co_filename.startswith("<subgraphjit") else "user")
+        if len(_FRAME_KINDS) > 100_000:   # code made at run time, over and over
+            _FRAME_KINDS.clear()
+        _FRAME_KINDS[code] = kind
+    return kind
+
+
+def _outer_site(keras_stops):
+    """(code, line) of the innermost user frame outside our caller, or None
+    if there is none (or, with ``keras_stops``, if a Keras frame comes
+    first)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        kind = _frame_kind(frame)
+        if kind == "user":
+            return frame.f_code, frame.f_lineno
+        if kind == "keras" and keras_stops:
+            return None
+        frame = frame.f_back
+    return None
+
+
 def user_site():
     """(code, line) of the innermost frame outside TensorFlow, Keras and
     subgraphjit: the user's line for an op recorded through dispatch, where
     the recorder's own site is a frame of TensorFlow's dispatcher."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_globals.get("__name__") or ""
-        if not (name.startswith(_LIBRARY_MODULES)
-                or frame.f_code.co_filename.startswith("<subgraphjit")):
-            return frame.f_code, frame.f_lineno
-        frame = frame.f_back
-    return None
+    return _outer_site(keras_stops=False)
 
 
 def dispatch_site():
     """The user's (code, line) for a call that reached a dispatch target,
     or None when TensorFlow was called by Keras (which must get tensors)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_globals.get("__name__") or ""
-        if name.startswith(_KERAS_MODULES):
-            return None
-        if not (name.startswith(_LIBRARY_MODULES)
-                or frame.f_code.co_filename.startswith("<subgraphjit")):
-            return frame.f_code, frame.f_lineno
-        frame = frame.f_back
-    return None
+    return _outer_site(keras_stops=True)
 
 
 def resite(result, site):
@@ -295,4 +314,5 @@ ACCESS.call = _access_call
 
 _native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,
               freeze=freeze, access_row=ACCESS, scalar_specs=specs.SCALAR_SPECS,
-              variable_types=specs.VARIABLE_TYPES)
+              variable_types=specs.VARIABLE_TYPES,
+              eager_tensor_type=type(tf.constant(0)))
