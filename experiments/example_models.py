@@ -63,6 +63,55 @@ class TreeLSTM(TreeModel):
         return tf.sigmoid(o) * tf.tanh(c), c
 
 
+class ChildSumTreeLSTM(TreeModel):
+    """Tai et al.'s child-sum Tree-LSTM as public examples write it: the
+    real ``tensorflow`` module everywhere but the leaves' lookup and the
+    loss, vectors without a batch axis, a real tensor on the left
+    (``tensorflow.zeros(...)[:] + ...``, ``h_sum += h``) and the
+    matrix-vector idiom ``tensorflow.tensordot(W, x, axes=1)``.  Under
+    subgraphjit these calls get nodes, and record through TensorFlow's
+    dispatch (patch/dispatch.py)."""
+
+    def __init__(self, rng, embed=6, hidden=5):
+        self.hidden = hidden
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.input_iou = _weight(rng, 3 * hidden, embed)
+        self.hidden_iou = _weight(rng, 3 * hidden, hidden)
+        self.bias_iou = _weight(rng, 3 * hidden)
+        self.hidden_f = _weight(rng, hidden, hidden)
+        self.bias_f = _weight(rng, hidden)
+        self.output = _weight(rng, hidden, self.classes)
+        self.variables = [self.embedding, self.input_iou, self.hidden_iou,
+                          self.bias_iou, self.hidden_f, self.bias_f, self.output]
+
+    def loss(self, tf, example):
+        tree, label = example
+        hidden = self.encode(tf, tree)[0]
+        logits = tensorflow.reshape(tensorflow.tensordot(hidden, self.output, axes=1),
+                                    (1, self.classes))
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=[label], logits=logits))
+
+    def encode(self, tf, tree):
+        children = [] if isinstance(tree, int) else [self.encode(tf, child)
+                                                     for child in tree]
+        h_sum = tensorflow.zeros((self.hidden,))
+        for h, _ in children:
+            h_sum += h
+        iou = tensorflow.zeros((3 * self.hidden,))[:] + self.bias_iou
+        iou += tensorflow.tensordot(self.hidden_iou, h_sum, axes=1)
+        if isinstance(tree, int):
+            x = tf.nn.embedding_lookup(self.embedding, tree)
+            iou += tensorflow.tensordot(self.input_iou, x, axes=1)
+        i, o, u = tensorflow.split(iou, 3)
+        c = tensorflow.sigmoid(i) * tensorflow.tanh(u)
+        for h, child_c in children:
+            f = tensorflow.sigmoid(tensorflow.tensordot(self.hidden_f, h, axes=1)
+                                   + self.bias_f)
+            c += f * child_c
+        return tensorflow.sigmoid(o) * tensorflow.tanh(c), c
+
+
 class TreeLSTM2Type(TreeLSTM):
     """ED-Batch's TreeLSTM-2Type: every internal node is one of two cells
     with weights of their own, chosen at random, so a tree holds two
@@ -276,6 +325,7 @@ class Attention(SequenceModel):
 
 
 MODELS = {"tree_lstm": TreeLSTM, "tree_lstm_2type": TreeLSTM2Type,
+          "child_sum_tree_lstm": ChildSumTreeLSTM,
           "tree_gru": TreeGRU, "mv_rnn": MVRNN,
           "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
           "attention": Attention}
