@@ -216,6 +216,13 @@ class _Compiled:
     A program runs one call at a time."""
 
     def __init__(self, program):
+        for kind in program.kinds:
+            if kind.row.family == "layer":
+                # A Keras layer reads its variables inside the trace, not as
+                # _Shared arguments: the custom backward would give them no
+                # gradient.  Such programs run step by step.
+                raise NoRule(f"{kind.row.name}: a Keras layer's variables "
+                             "are not arguments of a compiled program")
         self.kinds, self.buffers = program.kinds, program.buffers
         self.kind_keys, self.key = program.kind_keys, program.key
         self.kind_set, self.buffer_set = set(self.kind_keys), set(self.buffers)

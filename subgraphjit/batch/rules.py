@@ -307,4 +307,7 @@ def rule_for(row):
         return _ROW_RULES[row.name]
     if row.family == "reduction":
         return _bound(_reduction)
+    if row.family == "layer":   # a Keras layer's call (patch/layers.py)
+        from ..patch.layers import row_wise_rule
+        return row_wise_rule
     return _FAMILY_RULES.get(row.family)

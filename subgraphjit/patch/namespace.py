@@ -14,7 +14,7 @@ import types
 
 import tensorflow as tf
 
-from . import dispatch
+from . import dispatch, layers
 from .node import VirtualNode
 from .record import build_row_functions, record
 from .spec import NotLazy
@@ -72,6 +72,7 @@ def install(package, special_wrappers):
         sys.modules[proxy.__name__] = proxy
     _install_operators()
     dispatch.install(special_wrappers)  # TensorFlow's own functions record too
+    layers.install()   # and Keras layers known to be row-wise (patch/layers.py)
 
 
 def _install_operators():

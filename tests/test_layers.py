@@ -1,0 +1,291 @@
+"""Keras layers called with VirtualNodes record one node and batch
+(subgraphjit/patch/layers.py): differential tests against eager TensorFlow
+-- values, gradients and gradient types of the layers' variables and of
+upstream variables -- for recursive tree models built from Keras layers,
+under single ops, patterns and compiled programs, and a subclassed
+keras.Model trained with an optimizer."""
+
+import io
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+import tensorflow
+
+import subgraphjit as sj
+from subgraphjit import VirtualNode
+from subgraphjit.batch import program
+from gradients import assert_gradient_equal
+
+VOCAB, EMBEDDING, HIDDEN, CLASSES = 7, 3, 4, 2
+
+
+@pytest.fixture(params=["op", "subgraph", "compiled"])
+def parameters(request, monkeypatch):
+    """Single ops, patterns, or programs compiled from the first minibatch."""
+    keys = ("granularity", "compile", "collect", "mode")
+    previous = [sj.get_parameter(key) for key in keys]
+    if request.param == "compiled":
+        monkeypatch.setattr(program, "MAX_KINDS", 10**6)
+        settings = ("subgraph", 1, 1)
+    else:
+        settings = (request.param, 0, 1)
+    for key, value in zip(keys, settings):
+        sj.set_parameter(key, value)
+    sj.reset_patterns()
+    program.PROGRAMS.clear()
+    yield request.param
+    for key, value in zip(keys, previous):
+        sj.set_parameter(key, value)
+    sj.reset_patterns()
+
+
+@contextlib.contextmanager
+def eager():
+    """The reference: subgraphjit's functions are TensorFlow's own."""
+    sj.set_parameter("mode", "eager")
+    try:
+        yield
+    finally:
+        sj.set_parameter("mode", "lazy")
+
+
+def forced():
+    return sum(sj.stats()["forced_evaluations"].values())
+
+
+def random_tree(rng, depth):
+    if depth == 0 or rng.random() < 0.25:
+        return int(rng.integers(VOCAB))
+    return (random_tree(rng, depth - 1), random_tree(rng, depth - 1))
+
+
+def count_calls(layer):
+    """Count the runs of ``layer.call`` (one per launch: a batched call runs
+    it once for many instances)."""
+    original = layer.call
+    counter = [0]
+
+    def call(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+    object.__setattr__(layer, "call", call)
+    return counter
+
+
+# -- a Tree-GRU whose gates are Dense layers ------------------------------------------
+
+class DenseTreeGRU:
+    """Leaves: an upstream embedding variable looked up with tf.gather (its
+    gradient an IndexedSlices), then a Dense layer; inner nodes: GRU-like
+    gates from Dense layers over both children."""
+
+    def __init__(self, rng):
+        self.embeddings = tensorflow.Variable(
+            rng.standard_normal((VOCAB, EMBEDDING)).astype(np.float32))
+        self.scale = tensorflow.Variable(np.float32(1.5))   # upstream, dense
+        self.leaf = keras.layers.Dense(HIDDEN, activation="tanh")
+        self.gates = keras.layers.Dense(2 * HIDDEN, activation="sigmoid")
+        self.candidate = keras.layers.Dense(HIDDEN)
+        self.activation = keras.layers.Activation("tanh")
+        self.layers = [self.leaf, self.gates, self.candidate, self.activation]
+
+    def state(self, tree):
+        if isinstance(tree, int):
+            return self.leaf(sj.gather(self.embeddings, [tree]) * self.scale)
+        left, right = self.state(tree[0]), self.state(tree[1])
+        both = sj.concat([left, right], axis=1)
+        z, r = sj.split(self.gates(both), 2, axis=1)
+        candidate = self.activation(self.candidate(sj.concat([r * left, r * right], 1)))
+        return z * (left + right) * 0.5 + (1 - z) * candidate
+
+    def variables(self):
+        return [self.embeddings, self.scale] + [
+            v for layer in self.layers for v in layer.trainable_variables]
+
+
+class CellTree:
+    """A chain over each tree's leaves in order through a GRUCell (states a
+    list, as Keras's RNN gives them), the first state a shared zero tensor."""
+
+    def __init__(self, rng):
+        self.embeddings = tensorflow.Variable(
+            rng.standard_normal((VOCAB, EMBEDDING)).astype(np.float32))
+        self.cell = keras.layers.GRUCell(HIDDEN)
+        self.project = keras.layers.Dense(HIDDEN, activation="relu")
+        self.layers = [self.cell, self.project]
+        self.zeros = tensorflow.zeros([1, HIDDEN])
+
+    def state(self, tree):
+        words = []
+
+        def leaves(t):
+            if isinstance(t, int):
+                words.append(t)
+            else:
+                leaves(t[0])
+                leaves(t[1])
+        leaves(tree)
+        states = [self.zeros]
+        for word in words:
+            x = self.project(sj.gather(self.embeddings, [word]))
+            output, states = self.cell(x, states)
+        return output
+
+    def variables(self):
+        return [self.embeddings] + [
+            v for layer in self.layers for v in layer.trainable_variables]
+
+
+def loss_and_gradients(model, trees, lazy):
+    with tensorflow.GradientTape() as tape:
+        roots = [model.state(tree) for tree in trees]
+        if lazy:
+            assert all(type(root) is VirtualNode for root in roots)
+            assert forced() == 0, sj.stats()["forced_evaluations"]
+        loss = sj.reduce_sum(sj.concat(roots, 0) * np.arange(
+            1, 1 + HIDDEN, dtype=np.float32))
+        if lazy:
+            loss = sj.build(loss)
+    return loss, tape.gradient(loss, model.variables())
+
+
+@pytest.mark.parametrize("model_class", [DenseTreeGRU, CellTree])
+def test_tree_models_of_keras_layers_equal_eager(model_class, parameters):
+    rng = np.random.default_rng(3)
+    model = model_class(rng)
+    minibatches = [[random_tree(rng, 4) for _ in range(6)] for _ in range(3)]
+    counters = [count_calls(layer) for layer in model.layers]
+    refusals = set()
+    for trees in minibatches:
+        sj.reset_stats()
+        for counter in counters:
+            counter[0] = 0
+        loss, gradients = loss_and_gradients(model, trees, lazy=True)
+        assert forced() == 0, sj.stats()["forced_evaluations"]
+        launches = [counter[0] for counter in counters]
+        refusals.update(sj.stats()["programs_not_compiled"])
+        with eager():
+            for counter in counters:
+                counter[0] = 0
+            expected_loss, expected_gradients = loss_and_gradients(model, trees, lazy=False)
+        calls = [counter[0] for counter in counters]
+        np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+        for got, want in zip(gradients, expected_gradients, strict=True):
+            assert_gradient_equal(got, want, atol=1e-5)
+        # Each layer ran as fewer launches than it was called.
+        for launched, called in zip(launches, calls):
+            assert launched < called, (launches, calls)
+    if parameters == "compiled":   # compiled programs refused, so exact
+        assert any("Keras layer" in reason for reason in refusals), refusals
+    assert model.layers[0].built and model.layers[0].trainable_variables
+
+
+def test_layers_are_built_as_keras_builds_them():
+    """Weights, trainable_variables and summary() are Keras's own after a
+    lazy first call."""
+    dense = keras.layers.Dense(5, name="lazy_dense")
+    x = sj.identity(tensorflow.ones([1, 3]))
+    y = dense(x)
+    assert type(y) is VirtualNode and y.shape == (1, 5)
+    assert dense.built and [tuple(v.shape) for v in dense.trainable_variables] == [(3, 5), (5,)]
+    model = keras.Sequential([keras.Input((3,)), dense])
+    text = io.StringIO()
+    model.summary(print_fn=lambda line, **_: text.write(line + "\n"))
+    assert "lazy_dense" in text.getvalue() and "20" in text.getvalue()
+    np.testing.assert_allclose(y.numpy(), dense(tensorflow.ones([1, 3])).numpy(), rtol=1e-6)
+
+
+def test_outside_lazy_recording_layers_behave_as_before():
+    dense = keras.layers.Dense(2)
+    tensor = tensorflow.ones([1, 3])
+    assert not isinstance(dense(tensor), VirtualNode)   # a real tensor
+    traced = tensorflow.function(lambda t: dense(t))(tensor)
+    np.testing.assert_allclose(traced.numpy(), dense(tensor).numpy())
+    with eager():
+        assert not isinstance(dense(sj.identity(tensor)), VirtualNode)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: keras.layers.Dropout(0.5),
+    lambda: keras.layers.Dense(2, activation=lambda t: t - tensorflow.reduce_mean(t)),
+    lambda: keras.layers.Embedding(VOCAB, 2, mask_zero=True),
+    lambda: keras.layers.LayerNormalization(),
+])
+def test_other_layers_evaluate_their_inputs_as_before(make_layer):
+    layer = make_layer()
+    is_ids = isinstance(layer, keras.layers.Embedding)
+    value = tensorflow.constant([[1, 2]]) if is_ids else tensorflow.ones([2, 3])
+    sj.reset_stats()
+    kwargs = {"training": True} if isinstance(layer, keras.layers.Dropout) else {}
+    result = layer(sj.identity(value), **kwargs)
+    assert not isinstance(result, VirtualNode)
+    assert forced() >= 1   # Keras evaluates the node, as before
+    if not isinstance(layer, keras.layers.Dropout):
+        np.testing.assert_allclose(result.numpy(), layer(value).numpy(), rtol=1e-6)
+
+
+# -- a subclassed keras.Model recursing over a tree, trained ---------------------------
+
+class Tree:
+    """A tree Keras leaves alone as an argument (not a nest of numbers)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+class TreeModel(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.embed = keras.layers.Embedding(VOCAB, EMBEDDING)
+        self.leaf = keras.layers.Dense(HIDDEN, activation="tanh")
+        self.combine = keras.layers.Dense(HIDDEN, activation="tanh")
+        self.classify = keras.layers.Dense(CLASSES)
+
+    def node(self, tree):
+        if isinstance(tree, int):
+            return self.leaf(self.embed(sj.identity(tensorflow.constant([tree]))))
+        left, right = self.node(tree[0]), self.node(tree[1])
+        return self.combine(sj.concat([left, right], axis=1))
+
+    def call(self, trees):
+        return self.classify(sj.concat([self.node(tree.shape) for tree in trees], 0))
+
+
+def train(model, minibatches, lazy):
+    optimizer = keras.optimizers.Adam(0.05)
+    first_gradients = None
+    for trees, labels in minibatches:
+        with tensorflow.GradientTape() as tape:
+            logits = model(trees=trees)
+            loss = sj.reduce_mean(sj.nn.sparse_softmax_cross_entropy_with_logits(
+                labels, logits))
+            if lazy:
+                assert type(loss) is VirtualNode and forced() == 0
+                loss = sj.build(loss)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        first_gradients = first_gradients or gradients
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return [v.numpy() for v in model.trainable_variables], first_gradients
+
+
+def test_subclassed_model_recursing_over_trees_trains_as_eager(parameters):
+    rng = np.random.default_rng(5)
+    model = TreeModel()
+    minibatches = [([Tree(random_tree(rng, 3)) for _ in range(5)],
+                    rng.integers(CLASSES, size=5).astype(np.int32)) for _ in range(3)]
+    with eager():
+        model(trees=minibatches[0][0])   # build, then keep the initial weights
+    initial = model.get_weights()
+    sj.reset_stats()
+    trained, gradients = train(model, minibatches, lazy=True)
+    assert forced() == 0, sj.stats()["forced_evaluations"]
+    model.set_weights(initial)
+    with eager():
+        expected, expected_gradients = train(model, minibatches, lazy=False)
+    for got, want in zip(gradients, expected_gradients, strict=True):
+        assert_gradient_equal(got, want, atol=1e-5)   # types too
+    assert len(trained) == len(model.trainable_variables) == 7
+    for got, want in zip(trained, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
