@@ -64,13 +64,12 @@ class TreeLSTM(TreeModel):
 
 
 class ChildSumTreeLSTM(TreeModel):
-    """Tai et al.'s child-sum Tree-LSTM as public examples write it: the
-    real ``tensorflow`` module everywhere but the leaves' lookup and the
-    loss, vectors without a batch axis, a real tensor on the left
-    (``tensorflow.zeros(...)[:] + ...``, ``h_sum += h``) and the
-    matrix-vector idiom ``tensorflow.tensordot(W, x, axes=1)``.  Under
-    subgraphjit these calls get nodes, and record through TensorFlow's
-    dispatch (patch/dispatch.py)."""
+    """Tai et al.'s child-sum Tree-LSTM as public examples write it:
+    vectors without a batch axis, ``tf.zeros(...)[:] + ...`` and
+    ``h_sum += h``, the matrix-vector idiom ``tensordot(W, x, axes=1)``.
+    The cell's arithmetic calls the real ``tensorflow`` module, as a
+    library written against TensorFlow would: under subgraphjit it gets
+    nodes and records through TensorFlow's dispatch (patch/dispatch.py)."""
 
     def __init__(self, rng, embed=6, hidden=5):
         self.hidden = hidden
@@ -95,10 +94,10 @@ class ChildSumTreeLSTM(TreeModel):
     def encode(self, tf, tree):
         children = [] if isinstance(tree, int) else [self.encode(tf, child)
                                                      for child in tree]
-        h_sum = tensorflow.zeros((self.hidden,))
+        h_sum = tf.zeros((self.hidden,))
         for h, _ in children:
             h_sum += h
-        iou = tensorflow.zeros((3 * self.hidden,))[:] + self.bias_iou
+        iou = tf.zeros((3 * self.hidden,))[:] + self.bias_iou
         iou += tensorflow.tensordot(self.hidden_iou, h_sum, axes=1)
         if isinstance(tree, int):
             x = tf.nn.embedding_lookup(self.embedding, tree)

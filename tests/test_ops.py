@@ -192,6 +192,8 @@ ROW_CASES = {
     "nn.softmax_cross_entropy_with_logits": dense_xent_case,
     "nn.sigmoid_cross_entropy_with_logits": lambda rng: (
         [], {"labels": Float(rng.random((2, 3))), "logits": floats(rng, (2, 3))}),
+    "zeros": lambda rng: ([list(shape(rng))], {}),
+    "ones": lambda rng: ([tuple(shape(rng))], {"dtype": tensorflow.int32}),
 }
 
 
@@ -422,3 +424,26 @@ def test_binary_operators_cover_python_scalars_with_broadcasting():
              (operator.mul(np.float32(2), node), np.float32(2) * x)]
     for lazy, eager in pairs:
         np.testing.assert_allclose(np.asarray(lazy), eager.numpy(), rtol=1e-6)
+
+
+def test_ops_of_no_tensors_record_only_outside_traces():
+    """tf.zeros records a node in eager code; inside a tf.function trace,
+    where no operand would tell, TensorFlow's own runs; a variable made
+    from one gets its value."""
+    node = subgraphjit.zeros((2, 3))
+    assert type(node) is subgraphjit.VirtualNode and node.shape == (2, 3)
+
+    @tensorflow.function
+    def traced(x):
+        zeros = subgraphjit.ones([2], tensorflow.int32)
+        assert isinstance(zeros, tensorflow.Tensor)
+        return x + zeros
+
+    np.testing.assert_array_equal(traced(tensorflow.constant([1, 2])), [2, 3])
+    variable = tensorflow.Variable(subgraphjit.zeros([3]))
+    np.testing.assert_array_equal(variable.numpy(), np.zeros(3, np.float32))
+    subgraphjit.set_parameter("mode", "eager")
+    try:
+        assert isinstance(subgraphjit.zeros([1]), tensorflow.Tensor)
+    finally:
+        subgraphjit.set_parameter("mode", "lazy")

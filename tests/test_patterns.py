@@ -229,7 +229,10 @@ def test_matching_agrees_with_signatures(level):
             for depth in (1, 2, 4, 8):
                 signer = signatures.Signer(level, for_patterns=True)
                 walks = [signer.walk(node, depth) for node in nodes]
-                keys = list({walk.signature.key: walk.signature for walk in walks}.items())
+                # (A node of no inputs, such as tf.zeros, is an input of any
+                # walk; collection keeps walks of two ops or more.)
+                keys = list({walk.signature.key: walk.signature
+                             for node, walk in zip(nodes, walks) if node.inputs}.items())
                 for key, signature in keys[:6]:
                     template = signatures.Template(key, ROWS_BY_NAME, signature)
                     for node, walk in zip(nodes, walks):

@@ -265,9 +265,13 @@ def build_row_functions(row, public_name):
     signature = ", ".join(
         n if n not in defaults else f"{n}=_defaults[{n!r}]" for n in names)
     passthrough = ", ".join(f"{n}={n}" for n in names)
+    # An op of no tensors (tf.zeros) has no operand that would tell a
+    # tf.function trace from eager code (a symbolic tensor refuses to be
+    # recorded): it asks.
+    lazy = "_context.lazy" + ("" if row.tensor_params else " and _executing_eagerly()")
     source = (
         f"def wrapper({signature}):\n"
-        f"    if _context.lazy:\n"
+        f"    if {lazy}:\n"
         f"        try:\n"
         f"            return _record(_row, {inputs_expr}, {attrs_expr})\n"
         f"        except _NotLazy:\n"

@@ -22,6 +22,8 @@ concat         joins a list of tensors (concat, stack, add_n)
 split          multi-output: one tensor to a list (split, unstack)
 gather         indexes a table with integer ids (gather, embedding_lookup)
 loss           losses over logits and labels
+source         no tensors in: a constant of a shape (zeros, ones), the same
+               for every instance
 =============  ==============================================================
 """
 
@@ -74,6 +76,7 @@ TF_ROWS = [
     *_rows("gather", ["gather", "nn.embedding_lookup"], tensors=2,
            index_positions=(1,), gathers_from=0),
     *_rows("gather", ["one_hot"], index_positions=(0,)),
+    *_rows("source", ["zeros", "ones"], tensors=0),
     *_rows("loss", ["nn.sparse_softmax_cross_entropy_with_logits"],
            tensors=2, index_positions=(0,)),
     *_rows("loss", ["nn.softmax_cross_entropy_with_logits",
