@@ -70,8 +70,10 @@ def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
     memory the process already holds (freed by earlier evaluations).
     Recorded outside any scope, so nothing is evaluated (inside one, the
     scope's list adds 8 bytes per op)."""
-    sizes = []
-    for traced in (True, False):  # tracemalloc's own tables would count as RSS
+    sizes = {}
+    # Resident first: memory the other pass freed would be reused without
+    # growing the resident set.  (Apart: tracemalloc's own tables count as RSS.)
+    for traced in (False, True):
         gc.collect()
         gc.disable()  # as a scope does while recording
         if traced:
@@ -89,8 +91,8 @@ def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
         gc.enable()
         (first, first_ops), (last, last_ops) = marks[len(marks) // 2 - 1], \
             marks[-1]
-        sizes.append((last - first) / (last_ops - first_ops))
-    return sizes
+        sizes[traced] = (last - first) / (last_ops - first_ops)
+    return sizes[True], sizes[False]
 
 
 def dynet_construction(batch_size, repeats):
