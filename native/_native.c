@@ -473,6 +473,23 @@ append_pending(PyObject *node)
  * spec_of_foreign would convert each with NumPy. */
 static PyObject *int_list_specs;   /* {length: Spec} */
 
+/* The spec ``table`` keeps under ``key`` (stolen), else spec_of_foreign's
+ * for ``operand``, kept there: a new reference, or NULL. */
+static PyObject *
+remembered_spec(PyObject *table, PyObject *key, PyObject *operand)
+{
+    if (key == NULL)
+        return NULL;
+    PyObject *spec = Py_XNewRef(PyDict_GetItemWithError(table, key));
+    if (spec == NULL && !PyErr_Occurred()) {
+        spec = PyObject_CallOneArg(spec_of_foreign, operand);
+        if (spec != NULL && PyDict_SetItem(table, key, spec) < 0)
+            Py_CLEAR(spec);
+    }
+    Py_DECREF(key);
+    return spec;
+}
+
 PyObject *
 int_list_spec(PyObject *operand)
 {
@@ -490,22 +507,9 @@ int_list_spec(PyObject *operand)
         if (overflow)
             return NULL;   /* beyond int64: NumPy's verdict, not ours */
     }
-    PyObject *key = PyLong_FromSsize_t(length);
-    if (key == NULL)
-        return NULL;
-    PyObject *spec = Py_XNewRef(PyDict_GetItemWithError(int_list_specs, key));
-    if (spec == NULL && !PyErr_Occurred()) {
-        spec = PyObject_CallOneArg(spec_of_foreign, operand);
-        if (spec != NULL && PyDict_SetItem(int_list_specs, key, spec) < 0)
-            Py_CLEAR(spec);
-    }
-    Py_DECREF(key);
-    return spec;
+    return remembered_spec(int_list_specs, PyLong_FromSsize_t(length), operand);
 }
 
-/* spec_of_foreign(operand), with its common cases taken here: Python
- * numbers (by exact type), variables, which keep their spec on themselves
- * once spec_of_foreign has seen them, and lists of ints. */
 /* The spec of an eager tensor, by its dtype number and shape (two C
  * methods of EagerTensor) in a table of the specs spec_of_foreign gave:
  * tensors among the operands (a constant, a tensor the user computed
@@ -521,18 +525,12 @@ eager_tensor_spec(PyObject *tensor)
     PyObject *key = shape == NULL ? NULL : PyTuple_Pack(2, dtype, shape);
     Py_XDECREF(dtype);
     Py_XDECREF(shape);
-    if (key == NULL)
-        return NULL;
-    PyObject *spec = Py_XNewRef(PyDict_GetItemWithError(eager_tensor_specs, key));
-    if (spec == NULL && !PyErr_Occurred()) {
-        spec = PyObject_CallOneArg(spec_of_foreign, tensor);
-        if (spec != NULL && PyDict_SetItem(eager_tensor_specs, key, spec) < 0)
-            Py_CLEAR(spec);
-    }
-    Py_DECREF(key);
-    return spec;
+    return remembered_spec(eager_tensor_specs, key, tensor);
 }
 
+/* spec_of_foreign(operand), with its common cases taken here: Python
+ * numbers (by exact type), variables, which keep their spec on themselves
+ * once spec_of_foreign has seen them, eager tensors and lists of ints. */
 static PyObject *
 foreign_spec(PyObject *operand)
 {
