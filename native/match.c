@@ -801,11 +801,13 @@ enqueue(PyObject *const *operands, Py_ssize_t count, int unevaluated_only,
         if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
             continue;
         int added = idbits_add(ids, ((Node *)operand)->id);
-        if (added < 0 || (added && (keyed_push(reached, (Node *)operand) < 0
-                                    || keyed_push(pending, (Node *)operand) < 0)))
+        if (added < 0 || (added && keyed_push(reached, (Node *)operand) < 0))
             return -1;
-        if (added)
-            Py_INCREF(operand);
+        if (!added)
+            continue;
+        Py_INCREF(operand);   /* (reached's, released with it) */
+        if (keyed_push(pending, (Node *)operand) < 0)
+            return -1;
     }
     return 0;
 }
