@@ -192,8 +192,11 @@ class Trial:
     (patterns win big on trees and lose on models whose subgraphs hold a
     sequence's length: BENCHMARKS.md).  Once patterns are collected, each
     unit runs until it has settled -- a compiled program ran since its
-    last evaluation (in either mode), or 2 x ``compile`` + 1 evaluations
-    passed (keys that vary with a rare kind take longer to recur) -- then
+    last evaluation (in either mode), or from its second evaluation on, its
+    program was refused (too many kinds: it will run step by step; at batch
+    256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
+    evaluations passed (keys that vary with a rare kind take longer to
+    recur) -- then
     the two take turns in the order of ``TIMED`` (op, patterns, patterns,
     op, ...: a loop that alternates training and inference evaluations,
     or slows down over time, favours neither), and the unit with the
@@ -213,6 +216,7 @@ class Trial:
         self.evaluations = 0   # of the unit settling
         self.timed = 0         # into TIMED
         self.runs = 0          # compiled program runs before this evaluation
+        self.refused = 0       # ... and programs refused compilation
         self.timing = None     # (unit, started, nodes) of a timed evaluation
         self.per_node = {unit: [] for unit in self.UNITS}   # seconds, per evaluation
         context.granularity_chosen.pop(mode, None)
@@ -234,9 +238,12 @@ class Trial:
             context.granularity_chosen[self.mode] = "op"
             return "op"
         runs, self.runs = self.runs, context.batching["program_runs"]
+        refused = self.refused
+        self.refused = sum(context.batching["programs_not_compiled"].values())
         if self.settling < len(self.UNITS):
             if self.evaluations > 2 * compile_after or (
-                    self.evaluations > 0 and self.runs > runs):
+                    self.evaluations > 0 and self.runs > runs) or (
+                    self.evaluations > 1 and self.refused > refused):
                 self.settling += 1
                 self.evaluations = 0
         if self.settling < len(self.UNITS):

@@ -319,6 +319,27 @@ def test_auto_granularity_times_both_units_and_keeps_the_faster(parameters, fast
     assert stats["programs_compiled"] >= 2
 
 
+def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
+                                                                  monkeypatch):
+    """A unit whose programs cannot compile (here: every program has too
+    many kinds) has settled at its second evaluation, not after
+    2 x compile + 1: the choice is made as the evaluation after 1 (collect)
+    + 2 + 2 + the timed ones starts."""
+    from subgraphjit.batch import program
+    parameters(granularity="auto", collect=1, compile=4)
+    monkeypatch.setattr(program, "MAX_KINDS", 0)
+    tf.reset_stats()
+    rng = np.random.default_rng(23)
+    model = MODELS["tree_lstm"](rng)
+    evaluations = 1 + 2 * len(search.Trial.UNITS) + len(search.Trial.TIMED) + 1
+    for _ in range(evaluations - 1):
+        assert_matches_eager(model, model.random_examples(rng, 3))
+    assert "training" not in tf.stats()["granularity_chosen"]
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    assert "training" in tf.stats()["granularity_chosen"]
+    assert tf.stats()["programs_compiled"] == 0
+
+
 def test_auto_granularity_chooses_for_training_and_inference_apart(parameters,
                                                                    monkeypatch):
     """A trial per mode: training (under our tape) and inference alternate,
