@@ -649,9 +649,11 @@ outputs_of(Node *node, PyObject *site)
 }
 
 PyDoc_STRVAR(record_doc,
-"record(row, inputs, attrs)\n--\n\n"
+"record(row, inputs, attrs, site=<the caller's caller>)\n--\n\n"
 "Record op-table ``row`` applied to ``inputs`` (a tuple of operands) with\n"
-"``attrs`` (a tuple of its other arguments); returns a VirtualNode, or a\n"
+"``attrs`` (a tuple of its other arguments), at ``site`` ((code, line) or\n"
+"None; by default the frame that called the generated wrapper calling\n"
+"record, the user's); returns a VirtualNode, or a\n"
 "list of them for a multi-output row.  Raises NotLazy for an operand the\n"
 "recorder cannot describe, and TensorFlow's error (noting the user's line)\n"
 "for an op that cannot run on these operands.");
@@ -664,10 +666,12 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "subgraphjit._native.setup() has not run");
         return NULL;
     }
-    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+    if (nargs < 3 || nargs > 4 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])
+            || (nargs == 4 && args[3] != Py_None
+                && !(PyTuple_Check(args[3]) && PyTuple_GET_SIZE(args[3]) == 2))) {
         PyErr_SetString(PyExc_TypeError,
-                        "record(row, inputs, attrs) takes an op-table row "
-                        "and two tuples");
+                        "record(row, inputs, attrs[, site]) takes an op-table "
+                        "row, two tuples and a (code, line) tuple or None");
         return NULL;
     }
     PyObject *row = args[0], *inputs = args[1];
@@ -707,7 +711,9 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (spec == NULL && PyErr_Occurred())
             goto done;
     }
-    site = current_site();
+    /* Callers a frame further from the user (TensorFlow's dispatch, the
+     * Keras layer hook) give the site they found. */
+    site = nargs == 4 ? Py_NewRef(args[3]) : current_site();
     if (site == NULL)
         goto done;
     if (spec == NULL) {

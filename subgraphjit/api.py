@@ -7,7 +7,8 @@ import tensorflow as tf
 from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
-from .patch.namespace import WRAPPERS
+from .codegen import ROWS_BY_NAME
+from .patch.record import record, user_site
 from .patch.node import VirtualNode
 from .search import SEARCH
 
@@ -140,4 +141,4 @@ def dropout(x, rate, noise_shape=None, seed=None, name=None):
                              name=name)
     mask = tf.nn.dropout(tf.ones(x.spec.shape, x.spec.dtype), rate,
                          noise_shape=noise_shape, seed=seed, name=name)
-    return WRAPPERS["math.multiply"](x, mask)
+    return record(ROWS_BY_NAME["math.multiply"], (x, mask), (), user_site())

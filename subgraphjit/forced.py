@@ -19,7 +19,6 @@ import functools
 import linecache
 import os
 import re
-import sys
 import sysconfig
 
 # Top-level packages whose frames are machinery the user calls, not the user's code.
@@ -66,7 +65,7 @@ def _site(frame):
     library = []    # library frames between the read and the user, innermost first
     origin = None
     while frame is not None:
-        kind = _kind(frame)
+        kind = frame_kind(frame)
         if kind == "user":
             break
         if kind == "autograph":
@@ -99,20 +98,53 @@ def _site(frame):
     return f"{what} ({_shown(filename)}:{line})"
 
 
-def _kind(frame):
+# Code object -> its frames' kind: recording through TensorFlow's dispatch
+# asks for every op, through several TensorFlow frames.
+_KINDS = {}
+
+
+def frame_kind(frame):
+    """Whose code a frame runs: "ours" (subgraphjit, its generated wrappers
+    and patterns), "autograph" (a function autograph converted), "keras",
+    "library" (other machinery the user calls: TensorFlow, NumPy, the
+    standard library) or "user"."""
     code = frame.f_code
-    filename = code.co_filename
-    package = frame.f_globals.get("__name__", "").partition(".")[0]
-    # Generated wrappers and patterns have no module name, but a filename.
-    if package == "subgraphjit" or filename.startswith("<subgraphjit"):
-        return "ours"
-    if os.path.basename(filename).startswith("__autograph_generated_file"):
-        return "autograph"
-    if (package in _LIBRARIES or filename.startswith("<frozen")
-            or (filename.startswith(_STANDARD_LIBRARY)
-                and not filename.startswith(_SITE_PACKAGES))):
-        return "library"
-    return "user"
+    kind = _KINDS.get(code)
+    if kind is None:
+        filename = code.co_filename
+        package = frame.f_globals.get("__name__", "").partition(".")[0]
+        # Generated wrappers and patterns have no module name, but a filename.
+        if package == "subgraphjit" or filename.startswith("<subgraphjit"):
+            kind = "ours"
+        elif os.path.basename(filename).startswith("__autograph_generated_file"):
+            kind = "autograph"
+        elif package in ("keras", "tf_keras"):
+            kind = "keras"
+        elif (package in _LIBRARIES or filename.startswith("<frozen")
+                or (filename.startswith(_STANDARD_LIBRARY)
+                    and not filename.startswith(_SITE_PACKAGES))):
+            kind = "library"
+        else:
+            kind = "user"
+        if len(_KINDS) > 100_000:   # code made at run time, over and over
+            _KINDS.clear()
+        _KINDS[code] = kind
+    return kind
+
+
+def user_frame(frame):
+    """The innermost frame from ``frame`` out that runs the user's code (a
+    function autograph converted included), or None if Keras's own code
+    comes first, or none does.  (The cache inlined: this runs for every op
+    recorded through TensorFlow's dispatch, over several of its frames.)"""
+    while frame is not None:
+        kind = _KINDS.get(frame.f_code) or frame_kind(frame)
+        if kind == "user" or kind == "autograph":
+            return frame
+        if kind == "keras":
+            return None
+        frame = frame.f_back
+    return None
 
 
 def _autograph_origin(frame):

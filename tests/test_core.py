@@ -298,3 +298,15 @@ def test_keras_variables_are_recorded_lazily_with_gradients():
         gradients.append(tape.gradient(loss, weight.value))
     assert tf.stats()["forced_evaluations"] == {}
     np.testing.assert_allclose(gradients[1].numpy(), gradients[0].numpy(), rtol=1e-5)
+
+
+def test_dropout_records_at_the_users_line():
+    """tf.nn.dropout records its multiply at the user's line, called through
+    subgraphjit or through TensorFlow's dispatch."""
+    x = tf.tanh(tensorflow.constant([[1.0, 2.0]]))
+    here = sys._getframe().f_lineno
+    through_ours = tf.nn.dropout(x, 0.5, seed=1)
+    through_tensorflow = tensorflow.nn.dropout(x, 0.5, seed=1)
+    for node, line in ((through_ours, here + 1), (through_tensorflow, here + 2)):
+        assert type(node) is tf.VirtualNode
+        assert node.site[0].co_filename == __file__ and node.site[1] == line

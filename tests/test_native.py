@@ -122,6 +122,7 @@ def test_foreign_operands_that_cannot_be_described_stay_eager():
 @pytest.mark.parametrize("arguments", [
     (), (ROWS["math.tanh"],), (ROWS["math.tanh"], [1.0], ()),
     (ROWS["math.tanh"], (1.0,), [None]), (ROWS["math.tanh"], (), (), ()),
+    (ROWS["math.tanh"], (1.0,), (), "line 3"), (ROWS["math.tanh"], (1.0,), (), None, 1),
 ])
 def test_bad_calls_raise_type_errors(arguments):
     with pytest.raises(TypeError):

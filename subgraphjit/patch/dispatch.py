@@ -35,9 +35,9 @@ from tensorflow.python.util import dispatch as tf_dispatch
 
 from ..context import context
 from .node import VirtualNode
-from .record import OpRow, build_row_functions, dispatch_site, resite, thaw
+from .record import OpRow, build_row_functions, record, thaw, user_site
 from .spec import NotLazy, is_variable, spec
-from .table import OPERATORS, TF_ROWS
+from .table import OPERATOR_ROWS, TF_ROWS
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only
@@ -155,10 +155,10 @@ def _recording_site():
     """The user's (code, line) if a call given a node should record now, else
     None: not in eager mode, not while a tf.function traces (a graph is being
     built: nodes behave there as before), and not for TensorFlow functions
-    Keras calls (see record.dispatch_site)."""
+    Keras calls (see record.user_site)."""
     if not (context.lazy and tf.executing_eagerly()):
         return None
-    return dispatch_site()
+    return user_site()
 
 
 # -- tf.Tensor's operators ----------------------------------------------------
@@ -174,30 +174,28 @@ def _recording_site():
 def _operator_targets():
     from tensorflow.python.ops import math_ops
 
-    def binary(dunder):
-        reflected = OPERATORS[dunder][3] or dunder
+    def recorded(dunder, operands):
+        site = _recording_site()
+        if site is None:
+            return NotImplemented
+        try:
+            return record(OPERATOR_ROWS[dunder], operands, (), site)
+        except NotLazy:
+            return NotImplemented
 
-        def target(x, y, name=None):
-            site = _recording_site()
-            if site is None:
-                return NotImplemented
-            if type(x) is VirtualNode:
-                return resite(getattr(x, dunder)(y), site)
-            return resite(getattr(y, reflected)(x), site)
-        return target
+    def add(x, y, name=None):   # (the operands in their order)
+        return recorded("__add__", (x, y))
 
     def comparison(dunder):
-        # == and != (tf.__operators__.eq/ne) are symmetric: the node goes first.
+        # == and != are symmetric; the operator rows take the node first.
         def target(self, other):
-            site = _recording_site()
-            if site is None or other is None:
+            if other is None:   # comparing with None is no op, as eagerly
                 return NotImplemented
-            if type(self) is VirtualNode:
-                return resite(getattr(self, dunder)(other), site)
-            return resite(getattr(other, dunder)(self), site)
+            operands = (self, other) if type(self) is VirtualNode else (other, self)
+            return recorded(dunder, operands)
         return target
 
-    targets = {math_ops._add_dispatch: binary("__add__"),
+    targets = {math_ops._add_dispatch: add,
                math_ops.tensor_equals: comparison("__eq__"),
                math_ops.tensor_not_equals: comparison("__ne__")}
     return {function: target for function, target in targets.items()
@@ -205,11 +203,11 @@ def _operator_targets():
 
 
 def _special_target(wrapper):
+    # (The wrapper records at the user's line itself: api.dropout.)
     def target(*args, **kwargs):
-        site = _recording_site()
-        if site is None:
+        if _recording_site() is None:
             return NotImplemented
-        return resite(wrapper(*args, **kwargs), site)
+        return wrapper(*args, **kwargs)
     return target
 
 

@@ -51,7 +51,7 @@ from tensorflow.python.eager import record as tape_record
 
 from ..context import context
 from .node import VirtualNode
-from .record import OpRow, dispatch_site, resite
+from .record import OpRow, user_site
 from .record import record as _record
 from .spec import NotLazy, is_variable, spec
 
@@ -166,7 +166,7 @@ def _rebuild(values, structure):
 def _record_call(layer, original, args, kwargs):
     """The call's node (or its outputs' nodes, in the output's structure),
     or NotImplemented: Keras's own ``__call__`` runs."""
-    site = dispatch_site()
+    site = user_site()
     if site is None or _refusal(layer) is not None:
         return NotImplemented
     layout = _layout(args)
@@ -178,10 +178,9 @@ def _record_call(layer, original, args, kwargs):
         row = _rows[layer] = _make_row(layer, original)
     attrs = (structure, tuple(sorted(kwargs.items())))
     try:
-        result = _record(row, (*operands, _MARKER), attrs)
+        result = _record(row, (*operands, _MARKER), attrs, site)
     except NotLazy:
         return NotImplemented
-    resite(result, site)
     if not row.multi_output:
         return result
     return tf.nest.pack_sequence_as(row.output_structure, list(result))

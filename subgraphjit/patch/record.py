@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from .. import _native
 from ..context import context
+from ..forced import user_frame
 from . import spec as specs
 from .node import VirtualNode
 from .spec import NotLazy, is_variable, spec_of_foreign
@@ -82,9 +83,6 @@ def _infer(row, inputs, attrs, key, site):
     for tensors (a node has no value yet; reading a variable here would be
     seen by the user's tape), on the values themselves for Python and NumPy
     operands, which TensorFlow converts by their value."""
-    if site is not None and _is_library(site[0]):
-        # Recorded through TensorFlow's dispatch: the user's line is further out.
-        site = user_site()
     if row.infer is not None:   # a row of its own kind (dispatch.GenericApi)
         context.shape_inferences += 1
         return row.infer(row, inputs, attrs, key, site)
@@ -125,81 +123,15 @@ def annotate(error, row, site):
     return error
 
 
-# Modules whose frames are not the user's: a site inside them is moved out.
-_LIBRARY_MODULES = ("tensorflow", "subgraphjit", "keras", "tf_keras")
-# Keras sets attributes on the tensors TensorFlow returns to it
-# (``output._keras_logits = logits``), which a VirtualNode cannot hold, so
-# TensorFlow functions called by Keras itself do not record (dispatch.py).
-_KERAS_MODULES = ("keras", "tf_keras")
-
-
-def _is_library(code):
-    # Generated wrappers and dispatch targets are named "<subgraphjit ...>".
-    filename = code.co_filename
-    return filename.startswith("<subgraphjit") or any(
-        f"{module}{sep}" in filename for module in _LIBRARY_MODULES for sep in "/\\")
-
-
-# What each code object's frames are: "user", "library" or "keras" (a
-# Keras frame is also a library one).  Recording through dispatch walks
-# several TensorFlow frames per op; this makes each step a dict lookup.
-_FRAME_KINDS = {}
-
-
-def _frame_kind(frame):
-    code = frame.f_code
-    kind = _FRAME_KINDS.get(code)
-    if kind is None:
-        name = frame.f_globals.get("__name__") or ""
-        kind = ("keras" if name.startswith(_KERAS_MODULES) else
-                "library" if name.startswith(_LIBRARY_MODULES)
-                or code.co_filename.startswith("<subgraphjit") else "user")
-        if len(_FRAME_KINDS) > 100_000:   # code made at run time, over and over
-            _FRAME_KINDS.clear()
-        _FRAME_KINDS[code] = kind
-    return kind
-
-
-def _outer_site(keras_stops):
-    """(code, line) of the innermost user frame outside our caller, or None
-    if there is none (or, with ``keras_stops``, if a Keras frame comes
-    first)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        kind = _frame_kind(frame)
-        if kind == "user":
-            return frame.f_code, frame.f_lineno
-        if kind == "keras" and keras_stops:
-            return None
-        frame = frame.f_back
-    return None
-
-
 def user_site():
-    """(code, line) of the innermost frame outside TensorFlow, Keras and
-    subgraphjit: the user's line for an op recorded through dispatch, where
-    the recorder's own site is a frame of TensorFlow's dispatcher."""
-    return _outer_site(keras_stops=False)
-
-
-def dispatch_site():
-    """The user's (code, line) for a call that reached a dispatch target,
-    or None when TensorFlow was called by Keras (which must get tensors)."""
-    return _outer_site(keras_stops=True)
-
-
-def resite(result, site):
-    """Give what ``record`` returned (a node, or a multi-output op's access
-    nodes) the user's line as its site: recorded through dispatch, its own
-    is a frame of TensorFlow's dispatcher."""
-    if type(result) is list:
-        if result and type(result[0]) is VirtualNode:
-            result[0].inputs[0].site = site
-            for output in result:
-                output.site = site
-    elif type(result) is VirtualNode:
-        result.site = site
-    return result
+    """The user's (code, line) for a call that reached subgraphjit through
+    frames of its own or of a library (TensorFlow's dispatch, the Keras
+    layer hook, a special wrapper), to give ``record`` as its site; or None
+    when Keras's own code made the call: it sets attributes on the tensors
+    it gets back (``output._keras_logits``), which a VirtualNode cannot
+    hold, so such calls do not record."""
+    frame = user_frame(sys._getframe(1))
+    return None if frame is None else (frame.f_code, frame.f_lineno)
 
 
 class FrozenSlice(tuple):
@@ -283,16 +215,16 @@ def build_row_functions(row, public_name):
         f"\n"
         f"def dispatch_target({signature}):\n"
         f"    if _context.lazy and _executing_eagerly():\n"
-        f"        site = _dispatch_site()\n"
+        f"        site = _user_site()\n"
         f"        if site is not None:\n"
         f"            try:\n"
-        f"                return _resite(_record(_row, {inputs_expr}, {attrs_expr}), site)\n"
+        f"                return _record(_row, {inputs_expr}, {attrs_expr}, site)\n"
         f"            except _NotLazy:\n"
         f"                pass\n"
         f"    return NotImplemented\n")
     namespace = {"_context": context, "_record": record, "_row": row,
                  "_NotLazy": NotLazy, "_fn": row.fn, "_defaults": defaults,
-                 "_thaw": row.thaw, "_resite": resite, "_dispatch_site": dispatch_site,
+                 "_thaw": row.thaw, "_user_site": user_site,
                  "_executing_eagerly": tf.executing_eagerly}
     filename = f"<subgraphjit wrapper {row.name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True),
