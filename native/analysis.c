@@ -1217,12 +1217,11 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                      node->id);
         return -1;
     }
-    /* Held: the callbacks below run Python code. */
-    PyObject *inputs = node_inputs_tuple(node);
-    if (inputs == NULL)
-        return -1;
+    /* Held: the callbacks below run Python code (so is each operand while
+     * it is described; one whose inputs a callback replaced is an error). */
+    PyObject *operand = NULL;
     Py_INCREF(attrs);
-    Py_ssize_t count = PyTuple_GET_SIZE(inputs);
+    Py_ssize_t count = node->input_count;
     PyObject *operands = PyList_New(count);
     Py_ssize_t *sources = PyMem_New(Py_ssize_t, count + 1), source_count = 0;
     if (operands == NULL || sources == NULL) {
@@ -1231,7 +1230,12 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
         goto fail;
     }
     for (Py_ssize_t position = 0; position < count; position++) {
-        PyObject *operand = PyTuple_GET_ITEM(inputs, position);
+        if (node->input_count != count) {
+            PyErr_Format(PyExc_RuntimeError, "node %lld: inputs replaced while "
+                         "the graph was described", node->id);
+            goto fail;
+        }
+        Py_XSETREF(operand, Py_NewRef(node_input(node, position)));
         PyObject *described = NULL;
         int pushed;
         if (Py_IS_TYPE(operand, node_type)) {
@@ -1336,13 +1340,13 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
         PyTuple_SET_ITEM(*sources_out, k, number);
     }
     PyMem_Free(sources);
-    Py_DECREF(inputs);
+    Py_XDECREF(operand);
     Py_DECREF(attrs);
     *operands_out = operands;
     return 0;
 fail:
     PyMem_Free(sources);
-    Py_DECREF(inputs);
+    Py_XDECREF(operand);
     Py_DECREF(attrs);
     Py_XDECREF(operands);
     return -1;
