@@ -600,7 +600,8 @@ def run(program, compiled, graph, statistics):
     kinds, counts = program.steps[:, 0], program.steps[:, 1]
     statistics["batch_sizes"].update(counts.tolist())
     for kind_number, kind in enumerate(program.kinds):
-        if kind.row.family != "pattern" and rule_for(kind.row) is None:
+        if kind.row.family != "pattern" and rule_for(kind.row) is None and not all(
+                operand_kind == SHARED for operand_kind, _ in kind.operands):
             unbatched = int(counts[(kinds == kind_number) & (counts > 1)].sum())
             if unbatched:
                 statistics["unbatched"][f"{kind.row.name}: no batch rule"] += unbatched

@@ -268,17 +268,8 @@ def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
     return row.pattern.batched(values)
 
 
-def source_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """An op of no tensors (tf.zeros): every instance's value is the same,
-    made once.  (Identical instances are usually merged before they get
-    here; different shapes or dtypes are different kinds.)"""
-    one = row.call([], attrs)
-    return tf.repeat(tf.expand_dims(one, 0), count, axis=0)
-
-
 _FAMILY_RULES = {
     "pattern": pattern_rule,
-    "source": source_rule,
     "elementwise": broadcasting_rule,
     "broadcasting": broadcasting_rule,
     "loss": no_shared_rule,

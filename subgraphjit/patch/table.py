@@ -165,7 +165,9 @@ def markdown_table():
         wrapper = next((w for w in public_names
                         if w.__wrapped__ is row.fn), None)
         names = sorted(public_names.get(wrapper, [f"tf.{row.name}"]))
-        mark = "" if rule_for(row) is not None else " (per instance)"
+        # (An op of no tensors is made once for every instance: executor.py
+        # and program.py run a kind whose operands are all shared once.)
+        mark = "" if rule_for(row) is not None or not row.tensors else " (per instance)"
         by_family.setdefault(row.family, []).extend(
             f"`{name}`{mark}" for name in names)
     operators = " ".join(f"`{dunder}`" for dunder in OPERATORS) + " `__getitem__`"
