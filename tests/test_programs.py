@@ -408,3 +408,38 @@ def test_a_pattern_looking_up_a_variables_rows_keeps_an_entry_each(compiled):
             assert_gradient_equal(got, want, atol=1e-5)
     stats = tf.stats()
     assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_kept_by_the_forward_give_eager_gradients(compiled, dtype):
+    """The backward replays the products the forward kept (rules.products):
+    a pattern's products with a transposed weight, an adjoint one and a
+    constant matrix, in float32 and float64, give eager's values and
+    gradients; and a chain of products reads each its own kept value."""
+    rng = np.random.default_rng(23)
+    first = tensorflow.Variable(rng.normal(size=(3, 4)).astype(dtype))
+    second = tensorflow.Variable(rng.normal(size=(4, 3)).astype(dtype))
+    constant = tensorflow.constant(rng.normal(size=(3, 3)).astype(dtype))
+
+    def loss(module, rows):
+        terms = []
+        for row in rows:
+            hidden = module.tanh(module.matmul(row, second, transpose_b=True))
+            hidden = module.sigmoid(module.matmul(hidden, first, adjoint_b=True))
+            hidden = module.tanh(module.matmul(hidden, constant)) * hidden
+            terms.append(module.reduce_sum(hidden * hidden))
+        return module.add_n(terms)
+
+    for _ in range(3):   # collect, then compiled
+        rows = [rng.normal(size=(1, 3)).astype(dtype) for _ in range(4)]
+        with tensorflow.GradientTape() as tape:
+            expected = loss(tensorflow, rows)
+        expected_gradients = tape.gradient(expected, [first, second])
+        with tf.GradientTape() as tape:
+            actual = tf.build(loss(tf, [tf.identity(row) for row in rows]))
+        actual_gradients = tape.gradient(actual, [first, second])
+        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
+        for got, want in zip(actual_gradients, expected_gradients):
+            assert_gradient_equal(got, want, atol=1e-5)
+    stats = tf.stats()
+    assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats

@@ -14,7 +14,9 @@ program brings its own backward, also one call: a loop over the steps in
 reverse that recomputes each step from the saved buffers (every row is
 written once, so the final buffers hold every step's operands), takes the
 step's local gradient with a GradientTape inside the trace, and adds the
-operands' gradients into adjoint buffers.  Gradients of shared operands are
+operands' gradients into adjoint buffers.  The recomputation skips the
+steps' matrix products, the bulk of the work: the forward keeps each product
+in a list, and the backward replays it (``rules.products``).  Gradients of shared operands are
 summed over the steps, except rows of a variable looked up (``tf.gather``,
 embedding lookups), which are kept as entries, so the variable's gradient is
 the IndexedSlices eager TensorFlow gives, with an entry per lookup.
@@ -35,6 +37,7 @@ from ..patch import spec as specs
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
 from .plan import ROWS, SHARED
+from . import rules
 from .rules import NoRule, rule_for
 
 # Compiled programs are kept for this many distinct keys (least recently
@@ -52,6 +55,9 @@ BUDGET = 24
 # ops of a BiLSTM: 122 kinds for 214 steps) ran slower than its eager
 # launch (benchmarks/models.py).
 MAX_KINDS = 16
+# Products (``rules.products``) a step keeps for the backward, at most: the
+# forward's list of them holds this many places per step.
+KEPT_PRODUCTS = 8
 
 
 class _Entry:
@@ -244,24 +250,32 @@ class _Compiled:
                      for number, value in enumerate(self.shared.values)
                      if _trainable(value.dtype) and number not in self.sparse}
         self.width = 3 + max(len(kind.outputs) for kind in self.kinds)
+        # The forward keeps each step's products in a list per dtype, at
+        # place step * KEPT_PRODUCTS + j for its j-th product; ``kept``:
+        # (kind number, j) -> (list number, static shape), as traced.
+        self.product_dtypes = sorted({dtype for dtype, _ in self.buffers if dtype.is_floating},
+                                     key=lambda dtype: dtype.name)
+        self.kept = {}
         steps = [tf.TensorSpec((None, self.width), tf.int32),
                  tf.TensorSpec((None,), tf.int32)]
         sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
         shared = [tf.TensorSpec(value.shape, value.dtype) for value in self.shared.values]
         adjoints = [rows[b] for b in self.trainable]
+        lists = [tf.TensorSpec((), tf.variant)] * len(self.product_dtypes)
         self.forward = tf.function(
             self._forward, autograph=False,
             input_signature=steps + sizes + rows + shared).get_concrete_function()
         self.backward = tf.function(
             self._backward, autograph=False,
-            input_signature=steps + sizes + rows + shared + adjoints
+            input_signature=steps + sizes + rows + shared + adjoints + lists
         ).get_concrete_function()
 
     # -- the forward -----------------------------------------------------------
     def _forward(self, *arguments):
         """Every buffer, computed: zeros for the steps' rows, then the
-        inputs' rows, written step by step."""
+        inputs' rows, written step by step; then the lists of the steps'
+        products (``_keep``)."""
         table, rows, sizes = arguments[:3]
         count = len(self.buffers)
         inputs = arguments[3:3 + count]
@@ -269,7 +283,7 @@ class _Compiled:
         for b, (dtype, shape) in enumerate(self.buffers):
             self.values[b].assign(tf.concat([_zeros(sizes[b], shape, dtype), inputs[b]], 0))
 
-        def step(s):
+        def step(s, *lists):
             info = tf.unstack(tf.gather(table, s), num=self.width)
 
             def branch(kind_number):
@@ -277,19 +291,60 @@ class _Compiled:
                     kind = self.kinds[kind_number]
                     operand_rows, places = self._indices(kind_number, info, rows)
                     values = self._operands(kind_number, operand_rows, shared)
-                    results = self._run(kind_number, values, shared, info[1])
+                    kept = list(lists)
+                    with rules.products(self._keep(kind_number, s, kept)):
+                        results = self._run(kind_number, values, shared, info[1])
                     for number, buffer in enumerate(kind.outputs):
                         if buffer is not None:
                             self.values[buffer].scatter_update(
                                 tf.IndexedSlices(results[number], places[number]))
-                    return s + 1
+                    return [s + 1, *kept]
                 return run
             return self._switch(info[0], branch)
 
         steps = tf.shape(table)[0]
-        done = tf.while_loop(lambda s: s < steps, step, (0,), parallel_iterations=1)
+        lists = [tf.raw_ops.TensorListReserve(element_shape=-1,
+                                              num_elements=steps * KEPT_PRODUCTS,
+                                              element_dtype=dtype)
+                 for dtype in self.product_dtypes]
+        done = tf.while_loop(lambda s, *_: s < steps, step, (0, *lists),
+                             parallel_iterations=1)
         with tf.control_dependencies(tf.nest.flatten(done)):
-            return [value.read_value() for value in self.values]
+            return [value.read_value() for value in self.values] + list(done[1:])
+
+    def _keep(self, kind_number, s, lists):
+        """The forward's ``rules.products`` hook for step ``s``: each product
+        computed and put in its dtype's list (``lists``, replaced in place),
+        where the backward's ``_replay`` finds it."""
+        number = iter(range(1 << 30))
+
+        def keep(a, b, transpose_b, compute):
+            product, j = compute(), next(number)
+            if product.dtype in self.product_dtypes and j < KEPT_PRODUCTS:
+                place = self.product_dtypes.index(product.dtype)
+                lists[place] = tf.raw_ops.TensorListSetItem(
+                    input_handle=lists[place], index=s * KEPT_PRODUCTS + j, item=product)
+                self.kept[kind_number, j] = (place, product.shape)
+            return product
+        return keep
+
+    def _replay(self, kind_number, s, lists):
+        """The backward's ``rules.products`` hook for step ``s``: the product
+        the forward kept, with the product's gradient (which reads its
+        operands only, so that the recomputed product is never run)."""
+        number = iter(range(1 << 30))
+
+        def replay(a, b, transpose_b, compute):
+            j = next(number)
+            if (kind_number, j) not in self.kept:
+                return compute()
+            place, shape = self.kept[kind_number, j]
+            product = tf.raw_ops.TensorListGetItem(
+                input_handle=lists[place], index=s * KEPT_PRODUCTS + j,
+                element_shape=-1, element_dtype=self.product_dtypes[place])
+            product.set_shape(shape)
+            return _replayed(a, tf.convert_to_tensor(b, a.dtype), transpose_b, product)
+        return replay
 
     def _switch(self, kind_number, branch):
         if len(self.kinds) == 1:
@@ -350,14 +405,16 @@ class _Compiled:
     # -- the backward ----------------------------------------------------------
     def _backward(self, *arguments):
         """Gradients of the inputs' rows and of the shared values, given the
-        forward's final buffers and each trainable buffer's upstream
-        gradient."""
+        forward's final buffers, each trainable buffer's upstream gradient
+        and the forward's lists of products."""
         table, rows, sizes = arguments[:3]
         count, shared_count = len(self.buffers), len(self.shared.values)
         for variable, buffer in zip(self.values, arguments[3:3 + count]):
             variable.assign(buffer)
         shared = list(arguments[3 + count:3 + count + shared_count])
-        for b, upstream in zip(self.trainable, arguments[3 + count + shared_count:]):
+        upstreams = arguments[3 + count + shared_count:][:len(self.trainable)]
+        lists = arguments[3 + count + shared_count + len(self.trainable):]
+        for b, upstream in zip(self.trainable, upstreams):
             self.adjoints[b].assign(upstream)
         for number, total in self.sums.items():
             total.assign(tf.zeros_like(shared[number]))
@@ -377,7 +434,8 @@ class _Compiled:
 
             def branch(kind_number):
                 def run():
-                    return self._step_gradient(kind_number, info, k, rows, shared, entries)
+                    return self._step_gradient(kind_number, info, k, steps - 1 - k,
+                                               rows, shared, entries, lists)
                 return run
             flat = self._switch(info[0], branch)
             return k + 1, list(flat) if entries else []
@@ -395,7 +453,7 @@ class _Compiled:
             inputs = [self.adjoints[b].read_value()[sizes[b]:] for b in self.trainable]
         return inputs, gradients
 
-    def _step_gradient(self, kind_number, info, k, rows, shared, entries):
+    def _step_gradient(self, kind_number, info, k, s, rows, shared, entries, lists):
         """One step of the backward: its local gradient, given the upstream
         rows of its outputs, added into the operands' adjoint rows, the
         shared values' sums, or the looked-up variables' entries."""
@@ -414,7 +472,8 @@ class _Compiled:
                        if operand_kind == ROWS and buffer in self.adjoints]
             for position in watched:
                 tape.watch(values[position])
-            results = self._run(kind_number, values, local_shared, info[1])
+            with rules.products(self._replay(kind_number, s, lists)):
+                results = self._run(kind_number, values, local_shared, info[1])
         outputs, upstream = [], []
         for number, buffer in enumerate(kind.outputs):
             if buffer in self.adjoints:
@@ -483,14 +542,15 @@ class _Compiled:
             shared = [tf.stop_gradient(tf.convert_to_tensor(value)
                                        if is_variable(value) else next(given_tensors))
                       for value in values]
-            buffers = compiled.forward(*arrays, *given_inputs, *shared)
+            outputs = compiled.forward(*arrays, *given_inputs, *shared)
+            buffers, lists = outputs[:len(compiled.buffers)], outputs[len(compiled.buffers):]
 
             def gradient(*upstream, variables=None):
                 adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
                             else tf.convert_to_tensor(upstream[b])
                             for b in compiled.trainable]
                 input_gradients, shared_gradients = compiled.backward(
-                    *arrays, *buffers, *shared, *adjoints)
+                    *arrays, *buffers, *shared, *adjoints, *lists)
                 by_buffer = dict(zip(compiled.trainable, input_gradients))
                 shared_gradients = [_gradient(value, gradient) if number in used else None
                                     for number, (value, gradient)
@@ -519,6 +579,21 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _replayed(a, b, transpose_b, product):
+    """``product`` (``a`` times ``b``, or ``b`` transposed), as the product
+    of ``a`` and ``b`` for the tape: the matrix product's own gradient."""
+    @tf.custom_gradient
+    def replayed(a, b):
+        def gradient(upstream):
+            if transpose_b:
+                return (tf.matmul(upstream, b),
+                        tf.matmul(upstream, a, transpose_a=True))
+            return (tf.matmul(upstream, b, transpose_b=True),
+                    tf.matmul(a, upstream, transpose_a=True))
+        return tf.identity(product), gradient
+    return replayed(a, b)
 
 
 def _gradient(value, gradient):

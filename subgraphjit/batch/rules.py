@@ -13,6 +13,8 @@ A group whose op has no rule, or whose operands a rule cannot take, raises
 it in the statistics.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from ..patch.record import FrozenSlice
@@ -59,6 +61,27 @@ def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
     return row.call(_aligned(values, shared, ranks, output_rank, count), attrs)
 
 
+# Where plain products go while a compiled program traces (``products``).
+_product_hook = None
+
+
+@contextlib.contextmanager
+def products(hook):
+    """Route every plain product that a batch rule traces in this block
+    through ``hook(a, b, transpose_b, compute)``, which returns the product
+    of the rows ``a`` and the shared ``b`` (``compute()`` computes it).  A
+    compiled program's forward keeps the products it computes, and its
+    backward replays them instead of computing them again (batch/program.py):
+    the gradient of a product needs its operands, not its value, but the
+    ops after it in a pattern need the value."""
+    global _product_hook
+    outer, _product_hook = _product_hook, hook
+    try:
+        yield
+    finally:
+        _product_hook = outer
+
+
 def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
     """Stacked rows times a shared weight matrix: one plain matrix product of
     all instances' rows (a broadcast batched product would be far slower, and
@@ -69,7 +92,16 @@ def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
     if (not flags and tuple(shared) == (False, True) and list(ranks) == [2, 2]
             and output_spec.dtype is not None):
         rows, inner = values[0].shape[1], values[0].shape[2]
-        product = row.call([tf.reshape(values[0], (-1, inner)), values[1]], attrs)
+        a = tf.reshape(values[0], (-1, inner))
+
+        def compute():
+            return row.call([a, values[1]], attrs)
+
+        if _product_hook is None or not output_spec.dtype.is_floating:
+            product = compute()
+        else:   # real: an adjoint is a transpose
+            product = _product_hook(a, values[1], bool(
+                options.get("transpose_b") or options.get("adjoint_b")), compute)
         return tf.reshape(product, (count, rows, product.shape[-1]))
     # Two stacked operands (MV-RNN) or higher ranks: a batched product.
     return broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count)
