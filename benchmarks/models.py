@@ -81,7 +81,7 @@ def rate(name, setting, arguments):
     data = np.random.default_rng(1)
     batches = [model.random_examples(data, arguments.batch_size)
                for _ in range(warm_up_steps + arguments.minibatches)]
-    optimizer = tensorflow.keras.optimizers.SGD(0.01)
+    optimizer = module.keras.optimizers.SGD(0.01)   # (subgraphjit's: a compiled update)
     started = time.perf_counter()
     for batch in batches[:warm_up_steps]:
         train_step(module, model, optimizer, batch)

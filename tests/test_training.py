@@ -1,13 +1,16 @@
 """Several optimizer steps under subgraphjit leave the variables where eager
 TensorFlow leaves them.  Adam, Adagrad and RMSprop apply an IndexedSlices
 gradient entry by entry, so this fails whenever a gradient's type or its
-entries differ from eager's, even when its dense value is the same."""
+entries differ from eager's, even when its dense value is the same.  Under
+subgraphjit, ``tf.keras.optimizers`` run their update as one compiled call;
+it too must leave the variables where Keras's eager update does."""
 
 import numpy as np
 import pytest
 import tensorflow
 
 import subgraphjit as tf
+from subgraphjit.patch import optimizers
 from experiments.example_models import MODELS
 
 OPTIMIZERS = ["SGD", "Adam", "Adagrad", "RMSprop"]
@@ -44,9 +47,48 @@ def test_optimizer_steps_equal_eager(model_name, optimizer, granularity):
     eager_model = MODELS[model_name](rng)
     minibatches = [eager_model.random_examples(rng, 4) for _ in range(4)]
     lazy_model = MODELS[model_name](np.random.default_rng(7))
-    make = getattr(tensorflow.keras.optimizers, optimizer)
-    expected = train(tensorflow, eager_model, minibatches, make(0.05))
-    got = train(tf, lazy_model, minibatches, make(0.05))
+    # Each module's own optimizer class: subgraphjit's runs its update as
+    # one compiled call (patch/optimizers.py).
+    expected = train(tensorflow, eager_model, minibatches,
+                     getattr(tensorflow.keras.optimizers, optimizer)(0.05))
+    got = train(tf, lazy_model, minibatches, getattr(tf.keras.optimizers, optimizer)(0.05))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     for lazy, eager in zip(lazy_model.variables, eager_model.variables):
         np.testing.assert_allclose(lazy.numpy(), eager.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")   # the None step
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_compiled_updates_equal_keras_eager_updates(optimizer):
+    """tf.keras.optimizers under subgraphjit: Keras's class (isinstance
+    holds), its update compiled once the optimizer is built, the variables
+    where Keras's eager update leaves them after dense and IndexedSlices
+    gradients of changing sizes, and a None gradient; the same compiled
+    update reused, not one traced per step."""
+    rng = np.random.default_rng(3)
+    initial = [rng.normal(size=(6, 3)).astype(np.float32),
+               rng.normal(size=(3,)).astype(np.float32)]
+    steps = []
+    for size in (2, 4, 3, 5, 1):
+        indices = rng.integers(0, 6, size=size).astype(np.int32)
+        steps.append((tensorflow.IndexedSlices(
+            tensorflow.constant(rng.normal(size=(size, 3)).astype(np.float32)),
+            tensorflow.constant(indices), tensorflow.constant([6, 3])),
+            tensorflow.constant(rng.normal(size=(3,)).astype(np.float32))))
+
+    def run(make):
+        variables = [tensorflow.Variable(value) for value in initial]
+        optimizer_object = make(0.1)
+        for number, (sparse, dense) in enumerate(steps):
+            gradients = [sparse, None if number == 3 else dense]
+            optimizer_object.apply_gradients(zip(gradients, variables))
+        return optimizer_object, [variable.numpy() for variable in variables]
+
+    keras_class = getattr(tensorflow.keras.optimizers, optimizer)
+    _, expected = run(keras_class)
+    ours, got = run(getattr(tf.keras.optimizers, optimizer))
+    assert isinstance(ours, keras_class) and type(ours) is not keras_class
+    for value, want in zip(got, expected):
+        np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6)
+    (update,) = optimizers._UPDATES[ours].values()
+    assert update.experimental_get_tracing_count() <= 2   # exact, then relaxed

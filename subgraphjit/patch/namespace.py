@@ -5,8 +5,10 @@ TensorFlow's own objects everywhere else.
 ``subgraphjit.math`` and ``subgraphjit.linalg`` with the generated wrappers,
 under every public name TensorFlow gives the same function (``tf.add``,
 ``tf.math.add``), and puts the operator overloads on VirtualNode.  Any other
-attribute is looked up on the real module, so ``tf.keras``, ``tf.Variable``,
-``tf.random.normal``... are TensorFlow's own.
+attribute is looked up on the real module, so ``tf.Variable``,
+``tf.random.normal``, ``tf.keras.layers``... are TensorFlow's own, except
+``tf.keras.optimizers``' classes: subclasses whose update is one compiled
+call (``optimizers.py``).
 """
 
 import sys
@@ -14,7 +16,7 @@ import types
 
 import tensorflow as tf
 
-from . import dispatch, layers
+from . import dispatch, layers, optimizers
 from .node import VirtualNode
 from .record import build_row_functions, record
 from .spec import NotLazy
@@ -39,6 +41,17 @@ class ForwardingModule(types.ModuleType):
 
     def __dir__(self):
         return sorted(set(dir(self._real)) | set(self.__dict__))
+
+
+class _KerasOptimizers(ForwardingModule):
+    """``tf.keras.optimizers``: each optimizer class our compiled-update
+    subclass of it (``optimizers.py``)."""
+
+    def __getattr__(self, attribute):
+        value = getattr(self._real, attribute)
+        if optimizers.is_optimizer_class(value):
+            return optimizers.compiled_update_class(value)
+        return value
 
 
 def _patch_module(target, real, replacements):
@@ -70,6 +83,9 @@ def install(package, special_wrappers):
         _patch_module(proxy, getattr(tf, name), replacements)
         setattr(package, name, proxy)
         sys.modules[proxy.__name__] = proxy
+    keras = ForwardingModule(f"{package.__name__}.keras", tf.keras)
+    keras.optimizers = _KerasOptimizers(f"{keras.__name__}.optimizers", tf.keras.optimizers)
+    package.keras = keras
     _install_operators()
     dispatch.install(special_wrappers)  # TensorFlow's own functions record too
     layers.install()   # and Keras layers known to be row-wise (patch/layers.py)
