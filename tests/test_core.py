@@ -218,7 +218,11 @@ def test_everything_in_tensorflow_is_reachable():
     for name in ("Variable", "keras", "random", "GradientTape", "function",
                  "constant", "float32", "nest", "data"):
         assert hasattr(tf, name), name
-    assert tf.keras is tensorflow.keras and tf.random is tensorflow.random
+    assert tf.random is tensorflow.random
+    # tf.keras forwards to Keras, except its optimizers (compiled updates)
+    assert tf.keras.layers is tensorflow.keras.layers
+    assert issubclass(tf.keras.optimizers.Adam, tensorflow.keras.optimizers.Adam)
+    assert tf.keras.optimizers.schedules is tensorflow.keras.optimizers.schedules
     assert tf.add is tf.math.add and tf.nn.softmax is tf.math.softmax
     assert tf.nn.l2_normalize is tensorflow.nn.l2_normalize  # not in the table
     from subgraphjit.nn import relu  # the proxies are importable modules
