@@ -544,6 +544,11 @@ class _Compiled:
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
         compiled = self
+        if not _could_record():   # inference: no gradient to join to a tape
+            outputs = self.forward(*arrays, *inputs, *[
+                tf.convert_to_tensor(value) if is_variable(value) else value
+                for value in values])
+            return outputs[:len(self.buffers)]
 
         @tf.custom_gradient
         def run(*given):
