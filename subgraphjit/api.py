@@ -4,6 +4,7 @@ import contextlib
 
 import tensorflow as tf
 
+from . import concurrent
 from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
@@ -77,6 +78,11 @@ def batching():
         context.close_scope()
         raise
     evaluate(context.close_scope(), required=())
+
+
+# tf.batching.map(fn, items): the instances of a minibatch run concurrently,
+# their value reads served by batched evaluations (concurrent.py).
+batching.map = concurrent.map
 
 
 class GradientTape(tf.GradientTape):

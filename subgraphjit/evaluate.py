@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, search
+from . import _native, batch, concurrent, search
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .patch.node import VirtualNode
@@ -55,7 +55,12 @@ def evaluate(targets, required=None, forced_by=None):
     nodes = unevaluated_ancestors(targets)
     if not nodes:
         return
-    if forced_by is not None:
+    # An instance of tf.batching.map waits for its map's next round instead.
+    if concurrent.running and concurrent.suspend(targets, required, forced_by):
+        return
+    if forced_by is concurrent.ROUND:
+        context.concurrent_rounds += 1
+    elif forced_by is not None:
         context.forced_evaluations[forced_by] += 1
     started = time.perf_counter()
     # Evaluation (the pattern search included) allocates many short-lived
