@@ -363,14 +363,16 @@ class GatedTree(TreeModel):
     threshold = 0.5
 
     def __init__(self, rng, embed=6, hidden=5):
-        self.embedding = _weight(rng, self.vocabulary, embed)
-        self.context = _weight(rng, embed, hidden)
-        self.down = _weight(rng, hidden, hidden)
-        self.gate = _weight(rng, hidden, 1, scale=1.0)
-        self.leaf = _weight(rng, embed, hidden)
-        self.cell = _weight(rng, 2 * hidden, hidden)
-        self.summary = _weight(rng, embed, hidden)
-        self.output = _weight(rng, hidden, self.classes)
+        # Weights scaled by fan-in, so that training stays stable at any
+        # width (whether a gate opens must not hinge on rounding).
+        self.embedding = _weight(rng, self.vocabulary, embed, scale=1.0)
+        self.context = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.down = _weight(rng, hidden, hidden, scale=hidden ** -0.5)
+        self.gate = _weight(rng, hidden, 1, scale=2 * hidden ** -0.5)
+        self.leaf = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.cell = _weight(rng, 2 * hidden, hidden, scale=(2 * hidden) ** -0.5)
+        self.summary = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.output = _weight(rng, hidden, self.classes, scale=hidden ** -0.5)
         self.variables = [self.embedding, self.context, self.down, self.gate,
                           self.leaf, self.cell, self.summary, self.output]
 
@@ -406,13 +408,17 @@ class AdaptiveComputationRNN(SequenceModel):
 
     def __init__(self, rng, embed=5, hidden=4):
         self.hidden = hidden
-        self.embedding = _weight(rng, self.vocabulary, embed)
-        self.cell = _weight(rng, embed + hidden + 1, hidden)
+        # Scaled by fan-in: stable training at any width; the halting bias
+        # starts at 1 (Graves: a few steps per word at first).
+        self.embedding = _weight(rng, self.vocabulary, embed, scale=1.0)
+        self.cell = _weight(rng, embed + hidden + 1, hidden,
+                            scale=(embed + hidden + 1) ** -0.5)
         self.bias = _weight(rng, 1, hidden)
-        self.halt = _weight(rng, hidden, 1, scale=1.0)
-        self.output = _weight(rng, hidden, self.classes)
+        self.halt = _weight(rng, hidden, 1, scale=2 * hidden ** -0.5)
+        self.halt_bias = tensorflow.Variable([[1.0]])
+        self.output = _weight(rng, hidden, self.classes, scale=hidden ** -0.5)
         self.variables = [self.embedding, self.cell, self.bias, self.halt,
-                          self.output]
+                          self.halt_bias, self.output]
 
     def ponder(self, tf, x, state):
         """One word: the cell repeated until it halts; (state, ponder cost)."""
@@ -421,7 +427,8 @@ class AdaptiveComputationRNN(SequenceModel):
             first = tf.ones((1, 1)) if step == 0 else tf.zeros((1, 1))
             state = tf.tanh(tf.matmul(tf.concat([x, state, first], 1), self.cell)
                             + self.bias)
-            halting = tf.reduce_sum(tf.sigmoid(tf.matmul(state, self.halt)))
+            halting = tf.reduce_sum(tf.sigmoid(tf.matmul(state, self.halt)
+                                               + self.halt_bias))
             probability = float(halting)
             if step == self.max_steps - 1 or total + probability > 1.0 - self.epsilon:
                 remainder = 1.0 - tf.add_n(probabilities) if probabilities \
