@@ -285,3 +285,45 @@ def test_instances_share_the_callers_tape_and_thread():
     np.testing.assert_allclose(tape.gradient(loss, variable).numpy(),
                                eager_tape.gradient(expected, variable).numpy(), rtol=1e-5)
     assert isinstance(greenlet.getcurrent(), greenlet.greenlet)
+
+
+def test_a_tape_inside_each_instance():
+    """Per-instance gradients: each instance's tape, entered in its greenlet,
+    is on TensorFlow's per-thread tape stack while the rounds evaluate."""
+    variable = tensorflow.Variable([[0.5, -0.2], [0.1, 0.3]])
+
+    def per_instance_gradient(module, x):
+        with module.GradientTape() as tape:
+            h = module.tanh(module.matmul(module.constant([x]), variable))
+            if float(module.reduce_sum(h)) > 0.0:
+                h = h * h
+            loss = module.reduce_sum(h)
+        return tape.gradient(loss, variable)
+
+    items = [[1.0, 2.0], [-1.0, 0.5], [0.3, -2.0]]
+    got = tf.batching.map(lambda x: per_instance_gradient(tf, x), items)
+    for x, gradient in zip(items, got):
+        np.testing.assert_allclose(
+            gradient.numpy(), per_instance_gradient(tensorflow, x).numpy(), rtol=1e-5)
+
+
+def test_rows_taken_out_after_the_tape_keep_their_gradient():
+    """Losses left as rows of a batched result when the tape's block ends
+    (no build inside) still have gradients, each eager's."""
+    variable = tensorflow.Variable([[0.5, -0.2], [0.1, 0.3]])
+    items = [[1.0, 2.0], [-1.0, 0.5], [0.3, -2.0]]
+
+    def losses(module):
+        return [module.reduce_sum(module.tanh(module.matmul(module.constant([x]), variable)))
+                for x in items]
+
+    with tf.GradientTape(persistent=True) as tape:
+        got = losses(tf)
+    with tensorflow.GradientTape(persistent=True) as eager_tape:
+        expected = losses(tensorflow)
+    for loss, eager_loss in zip(got, expected):
+        np.testing.assert_allclose(tape.gradient(loss, variable).numpy(),
+                                   eager_tape.gradient(eager_loss, variable).numpy(),
+                                   rtol=1e-5)
+    # Recorded after the block: off the tape, as eagerly.
+    assert tape.gradient(tf.reduce_sum(variable * 2.0), variable) is None
