@@ -98,17 +98,19 @@ def rate(name, setting, arguments):
         train_step(module, model, optimizer, batch, plain_loop)
     warm_up = time.perf_counter() - started
     subgraphjit.reset_stats()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for batch in batches[warm_up_steps:]:
         train_step(module, model, optimizer, batch, plain_loop)
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     stats = subgraphjit.stats()
     chosen = (stats["granularity_chosen"].get("training")
               if granularity == "auto" else None)
     counts = None if module is tensorflow else (
         stats["batches"] / (arguments.minibatches * arguments.batch_size),
         stats["evaluations"] / arguments.minibatches)
-    return arguments.minibatches * arguments.batch_size / seconds, warm_up, chosen, counts
+    instances = arguments.minibatches * arguments.batch_size
+    return instances / seconds, warm_up, chosen, counts, instances / cpu_seconds
 
 
 def main():
@@ -128,19 +130,21 @@ def main():
     print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
           f"{arguments.minibatches} timed minibatches after {arguments.warm_up}, "
           f"1 thread; defaults: {defaults}")
-    print(f"{'model':<20} {'setting':<40} {'inst/s':>9} {'x eager':>8} {'warm-up s':>9} "
-          f"{'launch/inst':>11} {'evals/mb':>8}")
+    # CPU time too: on a shared machine it is the steadier of the two.
+    print(f"{'model':<20} {'setting':<40} {'inst/s':>9} {'x eager':>8} {'cpu x':>6} "
+          f"{'warm-up s':>9} {'launch/inst':>11} {'evals/mb':>8}")
     for name in arguments.models:
-        eager = None
+        eager = cpu_eager = None
         settings = SETTINGS + ([PLAIN_LOOP] if name in CONTROL_FLOW_MODELS else [])
         for setting in settings:
-            speed, warm_up, chosen, counts = rate(name, setting, arguments)
-            eager = eager or speed
+            speed, warm_up, chosen, counts, cpu_speed = rate(name, setting, arguments)
+            eager, cpu_eager = eager or speed, cpu_eager or cpu_speed
             label = setting[0] + (f" ({chosen})" if chosen else "")
             launches, evaluations = (f"{counts[0]:.1f}", f"{counts[1]:.1f}") if counts \
                 else ("-", "-")
             print(f"{name:<20} {label:<40} {speed:>9.1f} {speed / eager:>8.2f} "
-                  f"{warm_up:>9.1f} {launches:>11} {evaluations:>8}", flush=True)
+                  f"{cpu_speed / cpu_eager:>6.2f} {warm_up:>9.1f} {launches:>11} "
+                  f"{evaluations:>8}", flush=True)
     for key, value in defaults.items():
         subgraphjit.set_parameter(key, value)
 
