@@ -84,9 +84,12 @@ def rate(name, setting, arguments):
         subgraphjit.set_parameter("granularity", granularity)
         subgraphjit.set_parameter("compile", compile_after)
         subgraphjit.reset_patterns()   # and compiled programs
-        if granularity == "auto":   # time the choice's trial apart too
-            warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
-                              + len(Trial.UNITS) * (2 * compile_after + 1))
+    if granularity == "auto" or arguments.same_minibatches:
+        # Time the choice's trial apart too; with --same-minibatches every
+        # setting warms up as long (a model whose work depends on values,
+        # such as the number of ponder steps, changes as it trains).
+        warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
+                          + len(Trial.UNITS) * (2 * PARAMETERS["compile"].default + 1))
     model = make_model(name, arguments.width, seed=0)
     data = np.random.default_rng(1)
     batches = [model.random_examples(data, arguments.batch_size)
@@ -125,6 +128,9 @@ def main():
                         help="untimed minibatches first (patterns collect in 3, "
                              "a program compiles at its key's 4th sighting; "
                              "the defaults' granularity trial adds its own)")
+    parser.add_argument("--same-minibatches", action="store_true",
+                        help="every setting warms up as long as the defaults' "
+                             "trial, so all time the same minibatches")
     arguments = parser.parse_args()
     defaults = {key: subgraphjit.get_parameter(key) for key in ("granularity", "compile")}
     print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
