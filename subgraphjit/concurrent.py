@@ -23,6 +23,10 @@ lose it: an op an instance runs eagerly (outside the op table, a Keras
 layer's build, a value converted to a tensor) would run on another
 thread, unrecorded by the user's tape.  Generators would need every read
 in the user's code (and every function between) to be a ``yield``.
+A suspend and resume costs 0.9 us with greenlets, 0.05 us with a
+generator, 24 us handing over between two threads (semaphores, one
+core): per ACT minibatch of 25 (some 235 reads, 130 ms) 0.2 ms, or 6 ms
+with threads.
 
 Semantics: results (values, gradients) equal those of
 ``[fn(item) for item in items]`` for instances that do not talk to each
