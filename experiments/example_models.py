@@ -328,3 +328,129 @@ MODELS = {"tree_lstm": TreeLSTM, "tree_lstm_2type": TreeLSTM2Type,
           "tree_gru": TreeGRU, "mv_rnn": MVRNN,
           "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
           "attention": Attention}
+
+
+# -- value-dependent control flow -------------------------------------------
+# The models below read tensor values in Python (``float(gate) > 0.5``), so
+# run one instance after another each read evaluates that instance alone;
+# under subgraphjit the minibatch loop runs them with ``tf.batching.map``
+# (``minibatch_losses``), whose rounds serve every instance's reads in one
+# batched evaluation.  They stay out of ``MODELS``: the tests and tools over
+# ``MODELS`` run the sequential loop, where every read is a forced evaluation.
+
+def minibatch_losses(tf, model, examples):
+    """Every example's loss: with ``tf.batching.map`` where ``tf`` has it
+    (subgraphjit), else the plain loop (eager TensorFlow)."""
+    batching = getattr(tf, "batching", None)
+    if hasattr(batching, "map"):
+        return batching.map(lambda example: model.loss(tf, example), examples)
+    return [model.loss(tf, example) for example in examples]
+
+
+def _leaves(tree):
+    return [tree] if isinstance(tree, int) else _leaves(tree[0]) + _leaves(tree[1])
+
+
+class GatedTree(TreeModel):
+    """A tree whose expansion depends on tensor values.  A context flows
+    top-down from the sentence's bag of words; at each internal node a gate
+    read with ``float()`` decides whether to recurse into the children
+    (each with a context of its own) and combine them with the recursive
+    cell, or to summarise the subtree by the mean of its word embeddings.
+    Either result is scaled by the gate (or its complement) so that the
+    gate's weights get a gradient."""
+
+    threshold = 0.5
+
+    def __init__(self, rng, embed=6, hidden=5):
+        # Weights scaled by fan-in, so that training stays stable at any
+        # width (whether a gate opens must not hinge on rounding).
+        self.embedding = _weight(rng, self.vocabulary, embed, scale=1.0)
+        self.context = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.down = _weight(rng, hidden, hidden, scale=hidden ** -0.5)
+        self.gate = _weight(rng, hidden, 1, scale=2 * hidden ** -0.5)
+        self.leaf = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.cell = _weight(rng, 2 * hidden, hidden, scale=(2 * hidden) ** -0.5)
+        self.summary = _weight(rng, embed, hidden, scale=embed ** -0.5)
+        self.output = _weight(rng, hidden, self.classes, scale=hidden ** -0.5)
+        self.variables = [self.embedding, self.context, self.down, self.gate,
+                          self.leaf, self.cell, self.summary, self.output]
+
+    def bag(self, tf, tree):
+        return tf.reduce_mean(tf.nn.embedding_lookup(self.embedding, _leaves(tree)),
+                              axis=0, keepdims=True)
+
+    def encode(self, tf, tree, context=None):
+        if context is None:
+            context = tf.tanh(tf.matmul(self.bag(tf, tree), self.context))
+        if isinstance(tree, int):
+            x = tf.nn.embedding_lookup(self.embedding, [tree])
+            return (tf.tanh(tf.matmul(x, self.leaf)),)
+        gate = tf.sigmoid(tf.matmul(context, self.gate))
+        if float(tf.reduce_sum(gate)) > self.threshold:   # expand
+            children = [self.encode(tf, child, tf.tanh(
+                tf.matmul(context, self.down)
+                + tf.matmul(self.bag(tf, child), self.context)))[0]
+                for child in tree]
+            combined = tf.tanh(tf.matmul(tf.concat(children, 1), self.cell))
+            return (gate * combined,)
+        return ((1.0 - gate) * tf.tanh(tf.matmul(self.bag(tf, tree), self.summary)),)
+
+
+class AdaptiveComputationRNN(SequenceModel):
+    """Graves's adaptive computation time: at every word an RNN cell is
+    repeated until the accumulated halting probability, read with
+    ``float()``, passes 1 - eps (or ``max_steps``); the state is the
+    halting-weighted mean of the steps' states, and the loss adds the ponder
+    cost (steps plus the remainder).  Tags are predicted per word."""
+
+    epsilon, max_steps, ponder_weight = 0.01, 4, 0.01
+
+    def __init__(self, rng, embed=5, hidden=4):
+        self.hidden = hidden
+        # Scaled by fan-in: stable training at any width; the halting bias
+        # starts at 1 (Graves: a few steps per word at first).
+        self.embedding = _weight(rng, self.vocabulary, embed, scale=1.0)
+        self.cell = _weight(rng, embed + hidden + 1, hidden,
+                            scale=(embed + hidden + 1) ** -0.5)
+        self.bias = _weight(rng, 1, hidden)
+        self.halt = _weight(rng, hidden, 1, scale=2 * hidden ** -0.5)
+        self.halt_bias = tensorflow.Variable([[1.0]])
+        self.output = _weight(rng, hidden, self.classes, scale=hidden ** -0.5)
+        self.variables = [self.embedding, self.cell, self.bias, self.halt,
+                          self.halt_bias, self.output]
+
+    def ponder(self, tf, x, state):
+        """One word: the cell repeated until it halts; (state, ponder cost)."""
+        total, weighted, probabilities = 0.0, [], []
+        for step in range(self.max_steps):
+            first = tf.ones((1, 1)) if step == 0 else tf.zeros((1, 1))
+            state = tf.tanh(tf.matmul(tf.concat([x, state, first], 1), self.cell)
+                            + self.bias)
+            halting = tf.reduce_sum(tf.sigmoid(tf.matmul(state, self.halt)
+                                               + self.halt_bias))
+            probability = float(halting)
+            if step == self.max_steps - 1 or total + probability > 1.0 - self.epsilon:
+                remainder = 1.0 - tf.add_n(probabilities) if probabilities \
+                    else tf.ones(())
+                weighted.append(remainder * state)
+                return tf.add_n(weighted), step + 1 + remainder
+            total += probability
+            probabilities.append(halting)
+            weighted.append(halting * state)
+
+    def loss(self, tf, example):
+        words, tags = example
+        state = tf.zeros((1, self.hidden))
+        losses = []
+        for word, tag in zip(words, tags):
+            x = tf.nn.embedding_lookup(self.embedding, [word])
+            state, cost = self.ponder(tf, x, state)
+            logits = tf.matmul(state, self.output)
+            losses.append(tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=[tag], logits=logits)) + self.ponder_weight * cost)
+        return tf.add_n(losses)
+
+
+CONTROL_FLOW_MODELS = {"gated_tree": GatedTree,
+                       "adaptive_computation": AdaptiveComputationRNN}

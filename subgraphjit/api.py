@@ -4,6 +4,7 @@ import contextlib
 
 import tensorflow as tf
 
+from . import concurrent
 from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
@@ -79,6 +80,11 @@ def batching():
     evaluate(context.close_scope(), required=())
 
 
+# tf.batching.map(fn, items): the instances of a minibatch run concurrently,
+# their value reads served by batched evaluations (concurrent.py).
+batching.map = concurrent.map
+
+
 class GradientTape(tf.GradientTape):
     """tf.GradientTape that is also a batching scope.
 
@@ -112,10 +118,28 @@ class GradientTape(tf.GradientTape):
         return super().watch(build(tensor))
 
     def gradient(self, target, sources, *args, **kwargs):
-        return super().gradient(build(target), build(sources), *args, **kwargs)
+        return super().gradient(self._built(target), self._built(sources),
+                                *args, **kwargs)
 
     def jacobian(self, target, sources, *args, **kwargs):
-        return super().jacobian(build(target), build(sources), *args, **kwargs)
+        return super().jacobian(self._built(target), self._built(sources),
+                                *args, **kwargs)
+
+    def _built(self, structure):
+        """``build(structure)``, with every row of a batched result taken
+        out under this tape: a node evaluated in the tape's block may still
+        be a row of its batch, and a slice taken after the tape stopped
+        would cut the gradient's path (per-instance losses, or a tape
+        inside each instance of ``tf.batching.map``).  What was recorded
+        after the block is evaluated outside the tape first, as eagerly."""
+        evaluate(tf.nest.flatten(structure, expand_composites=False))
+        if self._recording or self._tape is None:
+            return build(structure)
+        self._push_tape()
+        try:
+            return build(structure)
+        finally:
+            self._pop_tape()
 
 
 # -- ops that need more than a table row -------------------------------------

@@ -235,6 +235,11 @@ class Context:
         self.evaluations = 0
         # "<what> (<file>:<line>)" -> evaluations a read forced (forced.py)
         self.forced_evaluations = collections.Counter()
+        # tf.batching.map (concurrent.py): its batched evaluations, the
+        # reads they served, and those by "<what> (<file>:<line>)".
+        self.concurrent_rounds = 0
+        self.concurrent_reads = 0
+        self.concurrent_read_sites = collections.Counter()
         self.evaluate_seconds = 0.0
         self.batching = {
             "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
@@ -263,6 +268,9 @@ class Context:
             "evaluations": self.evaluations,
             # Commonest first.
             "forced_evaluations": dict(self.forced_evaluations.most_common()),
+            "concurrent_rounds": self.concurrent_rounds,
+            "concurrent_reads": self.concurrent_reads,
+            "concurrent_read_sites": dict(self.concurrent_read_sites.most_common()),
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),

@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, search
+from . import _native, batch, concurrent, search
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .patch.node import VirtualNode
@@ -55,7 +55,12 @@ def evaluate(targets, required=None, forced_by=None):
     nodes = unevaluated_ancestors(targets)
     if not nodes:
         return
-    if forced_by is not None:
+    # An instance of tf.batching.map waits for its map's next round instead.
+    if concurrent.running and concurrent.suspend(targets, required, forced_by):
+        return
+    if forced_by is concurrent.ROUND:
+        context.concurrent_rounds += 1
+    elif forced_by is not None:
         context.forced_evaluations[forced_by] += 1
     started = time.perf_counter()
     # Evaluation (the pattern search included) allocates many short-lived
@@ -71,7 +76,9 @@ def evaluate(targets, required=None, forced_by=None):
                                     targets if required is None else required)
         context.session += 1
         before = context.stats() if context.parameters["debug"] else None
-        launches = _run(nodes, targets if required is None else required)
+        launches = _run(nodes, targets if required is None else required,
+                        compile_after=(0 if forced_by is concurrent.ROUND
+                                       else context.parameters["compile"]))
     finally:
         if collector_was_on:
             gc.enable()
@@ -129,10 +136,13 @@ def debug_summary(before, after, nodes, launches, seconds, forced_by=None):
     return "\n".join(lines)
 
 
-def _run(nodes, required):
+def _run(nodes, required, compile_after):
     """Run the nodes, batched unless the scheduler is 'none'; returns the
     number of ops launched.  (A compiled program may leave a node that
-    neither a later node nor the caller needs to be computed if asked.)"""
+    neither a later node nor the caller needs to be computed if asked.)
+    A round of ``tf.batching.map`` runs step by step: its key changes with
+    the instances still running, and its few small batches ran slower
+    compiled (both value-dependent example models, BENCHMARKS.md)."""
     scheduler = context.parameters["scheduler"]
     if scheduler == "none":
         for node in nodes:
@@ -142,7 +152,7 @@ def _run(nodes, required):
     before = statistics["batches"]
     graph = batch.execute(nodes, statistics, _scheduler(scheduler),
                           context.parameters["layout"],
-                          context.parameters["compile"], required)
+                          compile_after, required)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += batch.lower_bound(graph)
     return statistics["batches"] - before

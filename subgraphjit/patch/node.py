@@ -98,6 +98,23 @@ class VirtualNode:
                 self.batch = None
         return self.result
 
+    def _number(self):
+        """The value as NumPy, for a read that wants a Python number
+        (``float()``, ``int()``, ``bool()``): evaluated like ``value()``,
+        but a row of a batched result is read from the batch's host copy
+        rather than taken out as a tensor of its own.  The node stays a row
+        of its batch, so a later batch gathers it with its neighbours instead
+        of stacking a slice per read, and the backward differentiates no
+        slice per read (``tf.batching.map`` reads every instance's
+        ``float(gate)`` of a round from one batch)."""
+        if self.result is None:
+            if self.batch is None:
+                from ..evaluate import evaluate
+                evaluate([self], forced_by=forced_site(sys._getframe(1)))
+            if self.result is None and type(self.batch) is _EAGER_TENSOR:
+                return self.batch.numpy()[self.batch_row]
+        return self.value().numpy()
+
     @property
     def evaluated(self):
         return self.result is not None or self.batch is not None
@@ -115,13 +132,13 @@ class VirtualNode:
         return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
     def __bool__(self):
-        return bool(self.value())
+        return bool(self._number())
 
     def __float__(self):
-        return float(self.value())
+        return float(self._number())
 
     def __int__(self):
-        return int(self.value())
+        return int(self._number())
 
     def __index__(self):
         return self.value().__index__()
@@ -137,6 +154,9 @@ class VirtualNode:
 
     def __str__(self):
         return str(self.value())
+
+
+_EAGER_TENSOR = type(tf.constant(0))
 
 
 def _row_of(batch, row):
