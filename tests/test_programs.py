@@ -71,6 +71,31 @@ def test_compiled_inference_equals_eager(model_name, compiled):
     assert tf.stats()["program_runs"] >= 1
 
 
+def test_inference_results_are_read_from_their_buffer(compiled):
+    """With no tape, a compiled program leaves its results as rows of their
+    buffers; .numpy() and np.asarray copy the row out (the shape
+    and type eager gives, a copy the caller may change) and the node stays
+    a row of its buffer."""
+    rng = np.random.default_rng(5)
+    model = MODELS["tree_lstm"](rng)
+    for _ in range(2):   # collect, then compiled
+        examples = model.random_examples(rng, 3)
+        with tf.batching():
+            logits = [tf.matmul(model.encode(tf, tree)[0], model.output)
+                      for tree, _ in examples]
+    assert tf.stats()["program_runs"] >= 1
+    for node, (tree, _) in zip(logits, examples):
+        expected = tensorflow.matmul(model.encode(tensorflow, tree)[0],
+                                     model.output).numpy()
+        assert node.result is None and node.batch is not None
+        got = node.numpy()
+        assert type(got) is type(expected) and got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        got[...] = 0   # a copy: the buffer keeps the value
+        np.testing.assert_allclose(np.asarray(node), expected, rtol=1e-5)
+        assert node.result is None
+
+
 def relabelled(examples, rng, model):
     """The same structures with other words and labels: the same program."""
     def relabel(tree):

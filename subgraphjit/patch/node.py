@@ -98,21 +98,26 @@ class VirtualNode:
                 self.batch = None
         return self.result
 
-    def _number(self):
-        """The value as NumPy, for a read that wants a Python number
-        (``float()``, ``int()``, ``bool()``): evaluated like ``value()``,
-        but a row of a batched result is read from the batch's host copy
-        rather than taken out as a tensor of its own.  The node stays a row
-        of its batch, so a later batch gathers it with its neighbours instead
-        of stacking a slice per read, and the backward differentiates no
-        slice per read (``tf.batching.map`` reads every instance's
-        ``float(gate)`` of a round from one batch)."""
+    def _host(self):
+        """The value as NumPy (``.numpy()``, ``np.asarray``, ``float()``,
+        ``int()``, ``bool()``): evaluated like ``value()``, but a row of a
+        batched result is copied out of the batch's host buffer rather than
+        taken out as a tensor of its own.  The node stays a row of its
+        batch, so a later batch gathers it with its neighbours instead of
+        stacking a slice per read, the backward differentiates no slice per
+        read (``tf.batching.map`` reads every instance's ``float(gate)`` of
+        a round from one batch), and reading a minibatch's outputs costs no
+        op per instance."""
         if self.result is None:
             if self.batch is None:
                 from ..evaluate import evaluate
                 evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if self.result is None and type(self.batch) is _EAGER_TENSOR:
-                return self.batch.numpy()[self.batch_row]
+                try:   # a view of TensorFlow's host buffer (private; no copy)
+                    batch = self.batch._numpy()
+                except AttributeError:
+                    batch = self.batch.numpy()
+                return batch[self.batch_row].copy()   # as .numpy(): a copy
         return self.value().numpy()
 
     @property
@@ -120,11 +125,11 @@ class VirtualNode:
         return self.result is not None or self.batch is not None
 
     def numpy(self):
-        return self.value().numpy()
+        return self._host()
 
     def __array__(self, dtype=None, copy=None):
         # np.asarray: a scalar's .numpy() is a NumPy scalar, not an array.
-        return np.asarray(self.value().numpy(), dtype=dtype)
+        return np.asarray(self._host(), dtype=dtype)
 
     def __tf_tensor__(self, dtype=None, name=None):
         # TensorFlow or Keras converting a node: an op outside the table, so
@@ -132,13 +137,13 @@ class VirtualNode:
         return tf.convert_to_tensor(self.value(), dtype=dtype, name=name)
 
     def __bool__(self):
-        return bool(self._number())
+        return bool(self._host())
 
     def __float__(self):
-        return float(self._number())
+        return float(self._host())
 
     def __int__(self):
-        return int(self._number())
+        return int(self._host())
 
     def __index__(self):
         return self.value().__index__()
