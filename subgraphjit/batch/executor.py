@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..patch.record import ACCESS, annotate
+from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
 from .rules import NoRule, gather_rows, rule_for
@@ -52,7 +53,8 @@ class Executor:
         """(source tensor, row) of a node operand; row None: the value itself."""
         if operand.index < 0:
             node = operand.node
-            if node.result is None and node.batch is not None:
+            if (node.result is None and node.batch is not None
+                    and type(node.batch_row) is not slice):   # (varying.py's rows)
                 return node.batch, node.batch_row
             return node.value(), None
         index = operand.index
@@ -94,6 +96,11 @@ class Executor:
                 locations.append((source, row_of[operand.index]))
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
+        if self.graph.varying:
+            # Rows of a batch over varying lengths (varying.py) are a slice
+            # each: this node's own value, stacked with the others.
+            locations = [(source[row], None) if type(row) is slice else (source, row)
+                         for source, row in locations]
         first_source, first_row = locations[0]
         if first_row is not None and all(
                 source is first_source for source, _ in locations) and [
@@ -140,6 +147,13 @@ class Executor:
         statistics["batch_sizes"][len(indices)] += 1
         if len(indices) == 1 or all(shared):
             self._run_each(indices)
+            return
+        kind = graph.varying.get(node_type)
+        if kind is not None:
+            try:
+                varying.run(self, indices, kind)
+            except (tf.errors.OpError, ValueError, TypeError):
+                self._run_each(indices)   # so the error names the instance's line
             return
         rule = rule_for(first.row)
         if rule is None:
