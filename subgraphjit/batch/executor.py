@@ -96,11 +96,12 @@ class Executor:
                 locations.append((source, row_of[operand.index]))
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
-        if self.graph.varying:
-            # Rows of a batch over varying lengths (varying.py) are a slice
-            # each: this node's own value, stacked with the others.
-            locations = [(source[row], None) if type(row) is slice else (source, row)
-                         for source, row in locations]
+        if self.graph.varying and any(type(row) is slice for _, row in locations):
+            # Values that are rows of a batch over varying lengths
+            # (varying.py): their rows gathered (or sliced), and stacked.
+            rows = varying.rows_of_locations(
+                self.statistics, locations, [operand_spec.shape[0]] * count)
+            return tf.reshape(rows, (count, *operand_spec.shape)), None
         first_source, first_row = locations[0]
         if first_row is not None and all(
                 source is first_source for source, _ in locations) and [

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
+from .rules import gather_rows
 
 ROWS, SEGMENTS, SOFTMAX = "rows", "segments", "softmax"
 
@@ -222,14 +223,21 @@ def run(executor, indices, kind):
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
     specs = graph.signatures[node_type][3:]
-    values, lengths = [], None
+    varying_position = shared.index(False)
+    lengths = [_rows_of(graph.operands[i][varying_position]) for i in indices]
+    # Instances in order of length (stable): then the rows of each length are
+    # one run of the result, which the ops batched per length (score
+    # matrices) read as a slice, and the next batch over varying lengths,
+    # in the same order, reads as a whole.
+    order = sorted(range(len(indices)), key=lengths.__getitem__)
+    indices = [indices[k] for k in order]
+    lengths = [lengths[k] for k in order]
+    values = []
     for position, is_shared in enumerate(shared):
         if is_shared:
             values.append(graph.operands[indices[0]][position])
             continue
         operands = [graph.operands[i][position] for i in indices]
-        if lengths is None:
-            lengths = [_rows_of(operand) for operand in operands]
         values.append(_concatenated(executor, operands, specs[position]))
     statistics = executor.statistics
     statistics["varying_batches"][first.row.name] += 1
@@ -286,40 +294,58 @@ def _rows_of(operand):
 
 
 def _concatenated(executor, operands, spec):
-    """The operands' rows one after another: an earlier joined result itself
-    or a slice of it when they are its rows in order, else one concat of the
-    fewest pieces (runs of rows of one earlier result taken as one slice)."""
-    if not isinstance(operands[0], NodeOperand):   # Python lists of each instance
+    """The operands' rows one after another (``rows_of_locations``); Python
+    lists of each instance concatenated."""
+    if not isinstance(operands[0], NodeOperand):
         kind = NUMPY_OF_PYTHON.get(getattr(spec, "python_type", None))
         return np.concatenate([np.asarray(operand, dtype=kind) for operand in operands])
-    pieces = []   # [source, start, stop, whole rows?]: rows start:stop of source
-    for operand in operands:
-        source, row = executor._location(operand)
+    return rows_of_locations(executor.statistics,
+                             [executor._location(operand) for operand in operands],
+                             [_rows_of(operand) for operand in operands])
+
+
+def rows_of_locations(statistics, locations, lengths):
+    """The rows of values at ``locations`` ((source, row) as the executor
+    keeps them: row None for the source itself, an int for row ``row`` of a
+    stacked batch, a slice for rows of a batch over varying lengths), of
+    ``lengths`` rows each, one after another: one source itself, a slice of
+    it, a concat of whole sources, or one gather from their rows (whose
+    gradient is one segment sum, where slices would each give a dense
+    gradient of the whole source)."""
+    tables, offsets, pieces, total = [], {}, [], 0
+    for (source, row), length in zip(locations, lengths):
+        offset = offsets.get(id(source))
+        if offset is None:
+            table = source
+            if row is not None and type(row) is not slice:   # [count, n, ...]: rows
+                table = tf.reshape(source, (-1, *source.shape[2:]))
+            offset = offsets[id(source)] = total
+            total += table.shape[0]
+            tables.append(table)
         if row is None:
-            pieces.append([source, None, None, False])
-            continue
-        if isinstance(row, slice):
-            start, stop, stacked = row.start, row.stop, False
-        else:   # row ``row`` of a stacked batch: one instance of [count, n, ...]
-            start, stop, stacked = row, row + 1, True
-        last = pieces[-1] if pieces else None
-        if (last is not None and last[0] is source and last[2] == start
-                and last[3] == stacked):
-            last[2] = stop
+            start = 0
+        elif type(row) is slice:
+            start = row.start
         else:
-            pieces.append([source, start, stop, stacked])
-    tensors = []
-    for source, start, stop, stacked in pieces:
-        if start is None:
-            tensors.append(source)
-            continue
-        if start != 0 or stop != source.shape[0]:
-            executor.statistics["slices"] += 1
-            source = source[start:stop]
-        if stacked:   # instances of one length, stacked: their rows in turn
-            source = tf.reshape(source, (-1, *source.shape[2:]))
-        tensors.append(source)
-    if len(tensors) == 1:
-        return tensors[0]
-    executor.statistics["stacks"] += 1
-    return tf.concat(tensors, 0)
+            start = row * length
+        pieces.append((offset + start, length))
+    first, expected, contiguous = pieces[0][0], pieces[0][0], True
+    for start, length in pieces:
+        if start != expected:
+            contiguous = False
+            break
+        expected += length
+    table = tables[0] if len(tables) == 1 else tf.concat(tables, 0)
+    if len(tables) > 1:
+        statistics["stacks"] += 1
+    if contiguous:
+        if first == 0 and expected == total:
+            return table
+        statistics["slices"] += 1
+        return table[first:expected]
+    rows = np.concatenate([np.arange(start, start + length, dtype=np.int32)
+                           for start, length in pieces])
+    statistics["gathers"] += 1
+    statistics["bytes_gathered"] += len(rows) * int(
+        np.prod(table.shape[1:])) * table.dtype.size
+    return gather_rows(table, tf.constant(rows))
