@@ -54,7 +54,7 @@ class Executor:
         if operand.index < 0:
             node = operand.node
             if (node.result is None and node.batch is not None
-                    and type(node.batch_row) is not slice):   # (varying.py's rows)
+                    and type(node.batch_row) not in (slice, tuple)):   # (varying.py's)
                 return node.batch, node.batch_row
             return node.value(), None
         index = operand.index
@@ -96,11 +96,11 @@ class Executor:
                 locations.append((source, row_of[operand.index]))
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
-        if self.graph.varying and any(type(row) is slice for _, row in locations):
-            # Values that are rows of a batch over varying lengths
-            # (varying.py): their rows gathered (or sliced), and stacked.
+        if self.graph.varying and any(type(row) in (slice, tuple) for _, row in locations):
+            # Values that are rows of a batch over varying lengths, or
+            # corners of a padded batch (varying.py): gathered, and stacked.
             rows = varying.rows_of_locations(
-                self.statistics, locations, [operand_spec.shape[0]] * count)
+                self.statistics, locations, [operand_spec.shape] * count)
             return tf.reshape(rows, (count, *operand_spec.shape)), None
         first_source, first_row = locations[0]
         if first_row is not None and all(

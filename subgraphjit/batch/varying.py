@@ -42,6 +42,7 @@ from .plan import NUMPY_OF_PYTHON
 from .rules import gather_rows
 
 ROWS, SEGMENTS, SOFTMAX = "rows", "segments", "softmax"
+PADDED, PADDED_SOFTMAX = "padded", "padded softmax"
 
 _SEGMENT_OPS = {"math.reduce_sum": tf.math.segment_sum,
                 "math.reduce_mean": tf.math.segment_mean,
@@ -83,6 +84,25 @@ def merge_types(graph):
         for node_type, _ in joined:
             merged_into[node_type] = joined[0][0]
         kinds[joined[0][0]] = joined[0][1]
+    # Then the types that differ in later axes too (a score matrix [n, n]):
+    # padded to the largest instance.
+    groups = {}
+    for node_type, signature in enumerate(signatures):
+        if node_type not in merged_into:
+            key = _shape_free_key(signature)
+            if key is not None:
+                groups.setdefault(key, []).append(node_type)
+    for types in groups.values():
+        if len(types) < 2:
+            continue
+        example = graph.type_of.index(types[0])
+        kind = _padded_kind(graph.nodes[example], graph.shared_operand[types[0]],
+                            signatures[types[0]])
+        if kind is None:
+            continue
+        for node_type in types:
+            merged_into[node_type] = types[0]
+        kinds[types[0]] = kind
     if not merged_into:
         return
     # Renumber the types densely (schedulers count per type).
@@ -106,6 +126,16 @@ def _length_free_key(signature):
     or None when no operand has one to leave out.  (A signature is (row,
     attrs, attr types, a part per operand): a Spec per per-instance operand,
     a tuple for a shared one; see graph.py.)"""
+    return _key(signature, lambda shape: shape[1:])
+
+
+def _shape_free_key(signature):
+    """The signature with per-instance operands described by dtype and rank
+    only (types padded together), or None."""
+    return _key(signature, len)
+
+
+def _key(signature, describe):
     row = signature[0]
     if row.multi_output or row.family not in (
             "elementwise", "broadcasting", "matmul", "reduction", "gather", "loss"):
@@ -119,10 +149,46 @@ def _length_free_key(signature):
             return None
         else:
             varies = True
-            parts.append((part.dtype, part.python_type, part.shape[1:]))
+            parts.append((part.dtype, part.python_type, describe(part.shape)))
     if not varies:
         return None
     return (row, signature[1], signature[2], tuple(parts))
+
+
+def _padded_kind(node, shared, signature):
+    """PADDED for ops whose instances may be zero-padded to the largest
+    (each output element reads the same input elements, padding adds only
+    zeros: a product of two instance matrices, elementwise ops, ops with
+    a Python number); PADDED_SOFTMAX for softmax, padding masked out; else
+    None.  Every consumer reads only an instance's own elements (``run``),
+    so what the padding computes never reaches a value or a gradient."""
+    row, output = node.row, node.spec
+    if isinstance(output, tuple) or output.dtype is None or not output.shape:
+        return None
+    specs = [part for part, is_shared in zip(signature[3:], shared) if not is_shared]
+    if any(spec.python_type is not None or spec.dtype is None for spec in specs):
+        return None
+    options = dict(zip(row.attr_params, node.attrs))
+    if row.name in _MATMUL_ROWS:
+        if any(shared) or any(options.get(flag) for flag in (
+                "adjoint_a", "adjoint_b", "a_is_sparse", "b_is_sparse")) or any(
+                len(spec.shape) != 2 for spec in specs):
+            return None
+        return PADDED
+    if row.family == "elementwise":
+        return PADDED
+    if row.family == "broadcasting" and row.name != "nn.bias_add":
+        if any(spec.shape != output.shape for spec in specs) or any(
+                part[0] == "shared"
+                for part, is_shared in zip(signature[3:], shared) if is_shared):
+            return None   # only Python numbers shared: (float, 0.5) parts
+        return PADDED
+    if row.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
+        axis = options.get("axis")
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            return None
+        return PADDED_SOFTMAX
+    return None
 
 
 def _kind(node, operands, shared, signature):
@@ -217,7 +283,11 @@ def _reduction_kind(row, options, spec, output, rows_match):
 
 def run(executor, indices, kind):
     """Run the nodes ``indices`` of one joined type as one op over their
-    concatenated rows; record each node's value as rows of the result."""
+    concatenated rows (or padded, for PADDED kinds); record each node's
+    value as rows of the result."""
+    if kind in (PADDED, PADDED_SOFTMAX):
+        run_padded(executor, indices, kind)
+        return
     graph = executor.graph
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
@@ -262,6 +332,163 @@ def run(executor, indices, kind):
         executor.row_of[index] = place
 
 
+def run_padded(executor, indices, kind):
+    """One op over the instances zero-padded to the largest shape: operands
+    gathered element by element (a padding element reads a zero), the
+    result kept padded, each node's value its own corner of it (its place
+    a tuple: its row, then a slice per axis).  Consumers read only those
+    corners, so the padding's values never reach a value or a gradient
+    (its gradient goes to the zero it read, which no variable holds)."""
+    graph = executor.graph
+    first = graph.nodes[indices[0]]
+    node_type = graph.type_of[indices[0]]
+    shared = graph.shared_operand[node_type]
+    count = len(indices)
+    values = []
+    for position, is_shared in enumerate(shared):
+        if is_shared:
+            values.append(graph.operands[indices[0]][position])
+            continue
+        operands = [graph.operands[i][position] for i in indices]
+        shapes = [_shape_of(operand) for operand in operands]
+        locations = [executor._location(operand) for operand in operands]
+        padded_shape = tuple(np.max(shapes, axis=0))
+        source = locations[0][0]
+        if ((kind == PADDED_SOFTMAX or _padding_safe(first.row.name, shared)) and all(
+                where is source and type(row) is tuple and row[0] == k
+                for k, (where, row) in enumerate(locations))
+                and tuple(source.shape) == (count, *padded_shape)):
+            # The padded result of the batch before, as it is: these ops'
+            # values and gradients in an instance's corner read only that
+            # corner (see _PADDING_SAFE).
+            values.append(source)
+            continue
+        values.append(gather_elements(executor.statistics, locations, shapes,
+                                      padded_shape=padded_shape))
+    output_shapes = [graph.nodes[i].spec.shape for i in indices]
+    padded_shape = tuple(np.max(output_shapes, axis=0))
+    attrs = first.attrs
+    if kind == PADDED_SOFTMAX:
+        mask = np.zeros((count, *padded_shape), bool)
+        for instance, shape in enumerate(output_shapes):
+            mask[(instance, *map(slice, shape))] = True
+        # Masked logits at the dtype's lowest: exp gives an exact 0 beside
+        # any real logit (a row all padding is uniform, and never read).
+        values[0] = tf.where(tf.constant(mask), values[0], values[0].dtype.min)
+        options = dict(zip(first.row.attr_params, attrs))
+        axis = options.get("axis")
+        axis = -1 if axis is None else int(axis)
+        attrs = tuple(axis + 1 if name == "axis" and axis >= 0 else value
+                      for name, value in zip(first.row.attr_params, attrs))
+    batched = first.row.call(values, attrs)
+    statistics = executor.statistics
+    statistics["varying_batches"][first.row.name] += 1
+    statistics["varying_instances"][first.row.name] += count
+    statistics["padding_elements"] += count * int(np.prod(padded_shape)) - sum(
+        int(np.prod(shape)) for shape in output_shapes)
+    for instance, (index, shape) in enumerate(zip(indices, output_shapes)):
+        executor.batch_of[index] = batched
+        executor.row_of[index] = (instance, *map(slice, shape))
+
+
+# Ops that may read the padded result of the batch before as it is, padding
+# and all: with a number as the other operand their derivative is constant,
+# so the padding's values (even inf or NaN) reach no value and, times the
+# zero gradient every padding element gets, no gradient either.  (Softmax
+# too: it selects its logits with a mask.)  A product of two instances'
+# matrices does not: it sums over padding, which must be zeros.
+_PADDING_SAFE = {"operator.add": (0, 1), "operator.sub": (0, 1), "operator.mul": (0, 1),
+                 "math.add": (0, 1), "math.subtract": (0, 1), "math.multiply": (0, 1),
+                 "operator.truediv": (0,), "math.truediv": (0,), "math.divide": (0,)}
+
+
+def _padding_safe(name, shared):
+    """May op ``name`` read a padded operand as it is (``_PADDING_SAFE``):
+    every other operand a shared number, the padded one where allowed."""
+    positions = _PADDING_SAFE.get(name, ())
+    return shared.count(False) == 1 and shared.index(False) in positions
+
+
+def gather_elements(statistics, locations, shapes, padded_shape=None):
+    """The values at ``locations`` (as ``rows_of_locations`` takes them, or
+    padded places (instance, slice, ...)) of ``shapes``, by one gather of
+    their elements from the sources flattened: stacked and zero-padded to
+    ``padded_shape`` if given, else every value's elements one after
+    another (flat)."""
+    if padded_shape is not None and all(
+            type(row) is not tuple for _, row in locations) and all(
+            shape[1:] == padded_shape[1:] for shape in shapes):
+        return _gather_padded_rows(statistics, locations, shapes, padded_shape)
+    tables, offsets, total = [], {}, 0
+    element_indices = []
+    for (source, row), shape in zip(locations, shapes):
+        offset = offsets.get(id(source))
+        if offset is None:
+            offset = offsets[id(source)] = total
+            tables.append(tf.reshape(source, (-1,)))
+            total += int(np.prod(source.shape))
+        size = int(np.prod(shape))
+        if row is None:
+            start = 0
+        elif type(row) is slice:
+            start = row.start * int(np.prod(source.shape[1:]))
+        elif type(row) is tuple:   # a padded place: its corner of the source
+            grid = np.meshgrid(*[np.arange(d) for d in shape], indexing="ij")
+            element_indices.append(offset + np.ravel_multi_index(
+                (np.full(shape, row[0]), *grid), tuple(source.shape)))
+            continue
+        else:
+            start = row * size
+        element_indices.append(offset + start + np.arange(size).reshape(shape))
+    zero = total   # the index of a zero appended to the table
+    tables.append(tf.zeros((1,), tables[0].dtype))
+    if padded_shape is None:
+        indices = np.concatenate([i.reshape(-1) for i in element_indices])
+    else:
+        indices = np.full((len(shapes), *padded_shape), zero, np.int64)
+        for instance, found in enumerate(element_indices):
+            indices[(instance, *map(slice, found.shape))] = found
+    statistics["gathers"] += 1
+    return gather_rows(tf.concat(tables, 0), tf.constant(indices, tf.int32))
+
+
+def _gather_padded_rows(statistics, locations, shapes, padded_shape):
+    """``gather_elements`` for values whose shapes differ in the first axis
+    only: one gather of rows (not elements), a padding row reading zeros."""
+    tables, offsets, total = [], {}, 0
+    indices = np.empty((len(shapes), padded_shape[0]), np.int32)
+    starts = []
+    for (source, row), shape in zip(locations, shapes):
+        offset = offsets.get(id(source))
+        if offset is None:
+            table = source
+            if row is not None and type(row) is not slice:   # [count, n, ...]
+                table = tf.reshape(source, (-1, *source.shape[2:]))
+            offset = offsets[id(source)] = total
+            total += table.shape[0]
+            tables.append(table)
+        if row is None:
+            starts.append(offset)
+        elif type(row) is slice:
+            starts.append(offset + row.start)
+        else:
+            starts.append(offset + row * shape[0])
+    indices[:] = total   # the zero row appended below
+    columns = np.arange(padded_shape[0])
+    for instance, (start, shape) in enumerate(zip(starts, shapes)):
+        indices[instance, :shape[0]] = start + columns[:shape[0]]
+    tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
+    statistics["gathers"] += 1
+    return gather_rows(tf.concat(tables, 0), tf.constant(indices))
+
+
+def _shape_of(operand):
+    if isinstance(operand, NodeOperand):
+        spec = operand.node.spec if operand.pick is None else operand.node.spec[operand.pick]
+        return spec.shape
+    return np.shape(operand)
+
+
 def segment_softmax(logits, segment_ids, count, log=False):
     """Softmax (or log-softmax) over each segment of rows of ``logits``, as
     ``tf.nn.softmax(x, axis=0)`` computes it per instance: exp(x - max) over
@@ -301,19 +528,24 @@ def _concatenated(executor, operands, spec):
         return np.concatenate([np.asarray(operand, dtype=kind) for operand in operands])
     return rows_of_locations(executor.statistics,
                              [executor._location(operand) for operand in operands],
-                             [_rows_of(operand) for operand in operands])
+                             [_shape_of(operand) for operand in operands])
 
 
-def rows_of_locations(statistics, locations, lengths):
+def rows_of_locations(statistics, locations, shapes):
     """The rows of values at ``locations`` ((source, row) as the executor
     keeps them: row None for the source itself, an int for row ``row`` of a
     stacked batch, a slice for rows of a batch over varying lengths), of
     ``lengths`` rows each, one after another: one source itself, a slice of
     it, a concat of whole sources, or one gather from their rows (whose
     gradient is one segment sum, where slices would each give a dense
-    gradient of the whole source)."""
+    gradient of the whole source).  Values in padded batches (``run_padded``)
+    are gathered element by element."""
+    if any(type(row) is tuple for _, row in locations):
+        flat = gather_elements(statistics, locations, shapes)
+        return tf.reshape(flat, (-1, *shapes[0][1:]))
     tables, offsets, pieces, total = [], {}, [], 0
-    for (source, row), length in zip(locations, lengths):
+    for (source, row), shape in zip(locations, shapes):
+        length = shape[0]
         offset = offsets.get(id(source))
         if offset is None:
             table = source
