@@ -67,8 +67,6 @@ def merge_types(graph):
         if key is not None:
             groups.setdefault(key, []).append(node_type)
     groups = [types for types in groups.values() if len(types) > 1]
-    if not groups:
-        return
     # Only now are nodes looked at: one example per candidate type.
     merged_into, kinds = {}, {}
     for types in groups:
@@ -95,14 +93,16 @@ def merge_types(graph):
     for types in groups.values():
         if len(types) < 2:
             continue
-        example = graph.type_of.index(types[0])
-        kind = _padded_kind(graph.nodes[example], graph.shared_operand[types[0]],
-                            signatures[types[0]])
-        if kind is None:
+        joined = [node_type for node_type in types if _padded_kind(
+            graph.nodes[graph.type_of.index(node_type)], graph.shared_operand[node_type],
+            signatures[node_type]) is not None]
+        if len(joined) < 2:
             continue
-        for node_type in types:
-            merged_into[node_type] = types[0]
-        kinds[types[0]] = kind
+        for node_type in joined:
+            merged_into[node_type] = joined[0]
+        kinds[joined[0]] = _padded_kind(graph.nodes[graph.type_of.index(joined[0])],
+                                        graph.shared_operand[joined[0]],
+                                        signatures[joined[0]])
     if not merged_into:
         return
     # Renumber the types densely (schedulers count per type).
