@@ -93,10 +93,14 @@ def merge_types(graph):
     for types in groups.values():
         if len(types) < 2:
             continue
+        examples = {node_type: graph.nodes[graph.type_of.index(node_type)]
+                    for node_type in types}
         joined = [node_type for node_type in types if _padded_kind(
-            graph.nodes[graph.type_of.index(node_type)], graph.shared_operand[node_type],
+            examples[node_type], graph.shared_operand[node_type],
             signatures[node_type]) is not None]
-        if len(joined) < 2:
+        if len({examples[node_type].spec.shape[0] for node_type in joined}) < 2:
+            # Lengths differ, not only later axes: [1, 4] and [1, 12] gates
+            # are features of two sizes, batched as they are.
             continue
         for node_type in joined:
             merged_into[node_type] = joined[0]
@@ -163,8 +167,8 @@ def _padded_kind(node, shared, signature):
     None.  Every consumer reads only an instance's own elements (``run``),
     so what the padding computes never reaches a value or a gradient."""
     row, output = node.row, node.spec
-    if isinstance(output, tuple) or output.dtype is None or not output.shape:
-        return None
+    if isinstance(output, tuple) or output.dtype is None or len(output.shape) < 2:
+        return None   # (vectors: see _kind)
     specs = [part for part, is_shared in zip(signature[3:], shared) if not is_shared]
     if any(spec.python_type is not None or spec.dtype is None for spec in specs):
         return None
@@ -202,6 +206,11 @@ def _kind(node, operands, shared, signature):
     rows = [spec.shape[0] for spec in specs if spec is not None]
     if min(rows) < 1:
         return None   # an empty instance: segment ops differ from reductions there
+    if max(len(output.shape), *(len(spec.shape) for spec in specs if spec is not None)) < 2:
+        # Vectors only: their one axis is as likely a feature size (a
+        # child-sum cell's [h] and [3h]) as a length, and such types batch
+        # well, and compile, as they are.
+        return None
     options = dict(zip(row.attr_params, node.attrs))
     output_rows = output.shape[0] if output.shape else None
     family = row.family
@@ -343,6 +352,7 @@ def run_padded(executor, indices, kind):
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
+    specs = graph.signatures[node_type][3:]
     count = len(indices)
     values = []
     for position, is_shared in enumerate(shared):
@@ -351,7 +361,7 @@ def run_padded(executor, indices, kind):
             continue
         operands = [graph.operands[i][position] for i in indices]
         shapes = [_shape_of(operand) for operand in operands]
-        locations = [executor._location(operand) for operand in operands]
+        locations = _locations(executor, operands, specs[position])
         padded_shape = tuple(np.max(shapes, axis=0))
         source = locations[0][0]
         if ((kind == PADDED_SOFTMAX or _padding_safe(first.row.name, shared)) and all(
@@ -523,12 +533,21 @@ def _rows_of(operand):
 def _concatenated(executor, operands, spec):
     """The operands' rows one after another (``rows_of_locations``); Python
     lists of each instance concatenated."""
-    if not isinstance(operands[0], NodeOperand):
+    if not any(isinstance(operand, NodeOperand) for operand in operands):
         kind = NUMPY_OF_PYTHON.get(getattr(spec, "python_type", None))
         return np.concatenate([np.asarray(operand, dtype=kind) for operand in operands])
-    return rows_of_locations(executor.statistics,
-                             [executor._location(operand) for operand in operands],
+    return rows_of_locations(executor.statistics, _locations(executor, operands, spec),
                              [_shape_of(operand) for operand in operands])
+
+
+def _locations(executor, operands, spec):
+    """Where each operand's value is, (source, row) as the executor keeps
+    them; a NumPy or list value (of one type's instances, beside nodes of
+    the same spec) is its own source."""
+    kind = NUMPY_OF_PYTHON.get(getattr(spec, "python_type", None))
+    return [executor._location(operand) if isinstance(operand, NodeOperand)
+            else (tf.constant(np.asarray(operand, dtype=kind)), None)
+            for operand in operands]
 
 
 def rows_of_locations(statistics, locations, shapes):
