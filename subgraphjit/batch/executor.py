@@ -193,11 +193,39 @@ class Executor:
             self.batch_of[index] = batched
             self.row_of[index] = row
 
+    def _values(self, operands):
+        """Each operand's own value.  A node reading many rows of one batch
+        (``tf.add_n`` of a minibatch's losses) takes them from one unstack,
+        whose gradient is one stack, rather than a slice per row, whose
+        gradients are each a zero tensor of the whole batch."""
+        if len(operands) < 4:
+            return [self._single_value(operand) for operand in operands]
+        locations = [self._location(operand) if isinstance(operand, NodeOperand)
+                     else (operand, None) for operand in operands]
+        reads = {}
+        for source, row in locations:
+            if type(row) is int:
+                reads[id(source)] = reads.get(id(source), 0) + 1
+        unstacked = {}
+        values = []
+        for source, row in locations:
+            if row is None:
+                values.append(source)
+            elif type(row) is int and reads[id(source)] >= 4 and (
+                    2 * reads[id(source)] >= source.shape[0]):
+                rows = unstacked.get(id(source))
+                if rows is None:
+                    rows = unstacked[id(source)] = tf.unstack(source)
+                values.append(rows[row])
+            else:
+                values.append(source[row])
+        return values
+
     def _run_each(self, indices):
         graph = self.graph
         for index in indices:
             node = graph.nodes[index]
-            values = [self._single_value(operand) for operand in graph.operands[index]]
+            values = self._values(graph.operands[index])
             try:
                 self.result_of[index] = node.row.call(values, node.attrs)
             except Exception as error:
