@@ -1,4 +1,4 @@
-"""Batching over varying lengths: instances that differ only in their first axis.
+"""Batching over varying shapes: instances that differ in their lengths.
 
 A sentence of n tokens gives ``[n, d] @ W``, ``tanh`` of ``[n, d]``, a
 ``reduce_mean`` over its n rows.  Their batching signatures (graph.py) hold
@@ -28,10 +28,20 @@ op batches, its *kind*:
 ``SOFTMAX``   ``softmax`` / ``log_softmax`` over axis 0: a segment softmax
               (segment max, exp, segment sum), row-wise in its output.
 
-A score matrix ``[n, n]`` differs in two axes: it keeps its full-shape type
-and batches with instances of its length only.  Programs are not compiled
-for an evaluation with joined types (batch/__init__.py): their buffers hold
-rows of one shape.
+A score matrix ``[n, n]`` differs in two axes and cannot be concatenated.
+A second pass joins the types left whose values have the same rank, padded
+to the largest instance (``run_padded``):
+
+``PADDED``          a product of two instances' matrices, elementwise ops,
+                    ops with a Python number;
+``PADDED_SOFTMAX``  softmax and log-softmax, the padding masked out.
+
+Only types with a value of rank 2 or more join: a vector's one axis is as
+likely a feature size (a child-sum cell's ``[h]`` and ``[3h]``) as a
+length, and the padded pass joins only types whose first axes differ
+(``[1, 4]`` and ``[1, 12]`` gates are features).  Programs are not
+compiled for an evaluation with joined types (batch/__init__.py): their
+buffers hold rows of one shape.
 """
 
 import numpy as np
@@ -343,7 +353,7 @@ def run(executor, indices, kind):
 
 def run_padded(executor, indices, kind):
     """One op over the instances zero-padded to the largest shape: operands
-    gathered element by element (a padding element reads a zero), the
+    gathered by rows or elements (padding reads a zero), the
     result kept padded, each node's value its own corner of it (its place
     a tuple: its row, then a slice per axis).  Consumers read only those
     corners, so the padding's values never reach a value or a gradient
