@@ -79,10 +79,20 @@ def merge_types(graph):
     groups = [types for types in groups.values() if len(types) > 1]
     # Only now are nodes looked at: one example per candidate type.
     merged_into, kinds = {}, {}
+    first_of_type = {}
+
+    def example_of(node_type):
+        """The index of a node of the type (a loop over the nodes, made
+        only for a graph with types to join)."""
+        if not first_of_type:
+            for index in range(len(graph.type_of) - 1, -1, -1):
+                first_of_type[graph.type_of[index]] = index
+        return first_of_type[node_type]
+
     for types in groups:
         joined = []
         for node_type in types:
-            example = graph.type_of.index(node_type)
+            example = example_of(node_type)
             kind = _kind(graph.nodes[example], graph.operands[example],
                          graph.shared_operand[node_type], signatures[node_type])
             if kind is not None:
@@ -103,7 +113,7 @@ def merge_types(graph):
     for types in groups.values():
         if len(types) < 2:
             continue
-        examples = {node_type: graph.nodes[graph.type_of.index(node_type)]
+        examples = {node_type: graph.nodes[example_of(node_type)]
                     for node_type in types}
         joined = [node_type for node_type in types if _padded_kind(
             examples[node_type], graph.shared_operand[node_type],
@@ -114,8 +124,7 @@ def merge_types(graph):
             continue
         for node_type in joined:
             merged_into[node_type] = joined[0]
-        kinds[joined[0]] = _padded_kind(graph.nodes[graph.type_of.index(joined[0])],
-                                        graph.shared_operand[joined[0]],
+        kinds[joined[0]] = _padded_kind(examples[joined[0]], graph.shared_operand[joined[0]],
                                         signatures[joined[0]])
     if not merged_into:
         return
@@ -453,9 +462,13 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
         elif type(row) is slice:
             start = row.start * int(np.prod(source.shape[1:]))
         elif type(row) is tuple:   # a padded place: its corner of the source
-            grid = np.meshgrid(*[np.arange(d) for d in shape], indexing="ij")
-            element_indices.append(offset + np.ravel_multi_index(
-                (np.full(shape, row[0]), *grid), tuple(source.shape)))
+            strides = [int(np.prod(source.shape[axis + 1:]))   # elements per step
+                       for axis in range(len(source.shape))]
+            found = offset + row[0] * strides[0]
+            for axis, (length, stride) in enumerate(zip(shape, strides[1:])):
+                found = found + (np.arange(length) * stride).reshape(
+                    [-1 if a == axis else 1 for a in range(len(shape))])
+            element_indices.append(np.broadcast_to(found, shape))
             continue
         else:
             start = row * size
