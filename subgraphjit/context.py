@@ -247,9 +247,9 @@ class Context:
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,
-            # Batches over varying lengths (batch/varying.py), by op name:
-            # launches, and the instances they ran; padding computed (none:
-            # instances' rows are concatenated, never padded).
+            # Batches over varying shapes (batch/varying.py), by op name:
+            # launches, and the instances they ran; output elements computed
+            # for padding (only padded batches pad: rows are concatenated).
             "varying_batches": collections.Counter(),
             "varying_instances": collections.Counter(),
             "padding_elements": 0}
