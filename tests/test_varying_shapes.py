@@ -304,3 +304,33 @@ def test_models_of_fixed_shapes_join_nothing(model_name):
         tf.build(losses)
     varying.merge_types(graph)
     assert bool(graph.varying) == (model_name in ("attention", "self_attention_varlen"))
+
+
+def test_graphs_with_patterns_are_not_joined():
+    """Granularity "subgraph": once patterns replace subgraphs, nothing
+    joins (patterns run per input shape; joining around them was slower),
+    and results still equal eager's."""
+    from test_batching import minibatch_loss_and_gradients
+    keys = ("granularity", "collect", "compile")
+    previous = [tf.get_parameter(key) for key in keys]
+    for key, value in zip(keys, ("subgraph", 1, 0)):
+        tf.set_parameter(key, value)
+    tf.reset_patterns()
+    try:
+        rng = np.random.default_rng(8)
+        model = MODELS["self_attention_varlen"](rng)
+        minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 6))   # collect
+        tf.reset_stats()
+        examples = model.random_examples(rng, 6)
+        loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
+        expected_loss, expected_gradients = minibatch_loss_and_gradients(
+            tensorflow, model, examples)
+        np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+        for got, expected in zip(gradients, expected_gradients):
+            assert_gradient_equal(got, expected)
+        stats = tf.stats()
+        assert stats["pattern_matches"] > 0 and stats["varying_batches"] == {}, stats
+    finally:
+        for key, value in zip(keys, previous):
+            tf.set_parameter(key, value)
+        tf.reset_patterns()

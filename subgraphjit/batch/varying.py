@@ -41,7 +41,8 @@ likely a feature size (a child-sum cell's ``[h]`` and ``[3h]``) as a
 length, and the padded pass joins only types whose first axes differ
 (``[1, 4]`` and ``[1, 12]`` gates are features).  Programs are not
 compiled for an evaluation with joined types (batch/__init__.py): their
-buffers hold rows of one shape.
+buffers hold rows of one shape.  An evaluation holding patterns is not
+joined (``merge_types``).
 """
 
 import numpy as np
@@ -71,6 +72,11 @@ def merge_types(graph):
     Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
     graph.varying = {}
     signatures = graph.signatures
+    if any(signature[0].family == "pattern" for signature in signatures):
+        # Patterns (granularity "subgraph") run per input shape; joining
+        # the ops around them made the minibatch slower, not faster
+        # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
+        return
     groups = {}
     for node_type, signature in enumerate(signatures):
         key = _length_free_key(signature)
