@@ -323,11 +323,53 @@ class Attention(SequenceModel):
             labels=tags, logits=logits))
 
 
+class SelfAttentionVarlen:
+    """Self-attention over sentences of 3 to 15 tokens, one label per
+    sentence: embeddings ``[n, size]``, queries, keys and values by matrix
+    products with shared weights, scores ``[n, n]``, softmax, the weighted
+    sum, a mean over the tokens and a classifier.  Most of its ops differ
+    between sentences only in their first axis (n), which subgraphjit
+    batches over (README, "Batching over varying lengths"); the score
+    matrices differ in both axes and batch per length."""
+
+    vocabulary, classes = 50, 3
+
+    def __init__(self, rng, size=8):
+        self.size = size
+        self.embedding = _weight(rng, self.vocabulary, size)
+        self.query = _weight(rng, size, size)
+        self.key = _weight(rng, size, size)
+        self.value = _weight(rng, size, size)
+        self.bias = _weight(rng, size)
+        self.output = _weight(rng, size, self.classes)
+        self.variables = [self.embedding, self.query, self.key, self.value,
+                          self.bias, self.output]
+
+    def random_examples(self, rng, count):
+        return [(rng.integers(self.vocabulary, size=int(rng.integers(3, 16))).tolist(),
+                 int(rng.integers(self.classes))) for _ in range(count)]
+
+    def loss(self, tf, example):
+        words, label = example
+        x = tf.nn.embedding_lookup(self.embedding, words)        # (n, size)
+        queries = tf.matmul(x, self.query)
+        keys = tf.matmul(x, self.key)
+        values = tf.matmul(x, self.value)
+        scores = tf.matmul(queries, keys, transpose_b=True) / np.sqrt(self.size)
+        context = tf.matmul(tf.nn.softmax(scores, axis=-1), values)  # (n, size)
+        hidden = tf.tanh(tf.nn.bias_add(context, self.bias) + x)
+        pooled = tf.reduce_mean(hidden, axis=0, keepdims=True)   # (1, size)
+        logits = tf.matmul(pooled, self.output)
+        return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=[label], logits=logits))
+
+
 MODELS = {"tree_lstm": TreeLSTM, "tree_lstm_2type": TreeLSTM2Type,
           "child_sum_tree_lstm": ChildSumTreeLSTM,
           "tree_gru": TreeGRU, "mv_rnn": MVRNN,
           "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
-          "attention": Attention}
+          "attention": Attention,
+          "self_attention_varlen": SelfAttentionVarlen}
 
 
 # -- value-dependent control flow -------------------------------------------

@@ -251,7 +251,13 @@ class Context:
             "execute_seconds": 0.0, "programs_compiled": 0,
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
-            "program_runs": 0, "program_steps": 0}
+            "program_runs": 0, "program_steps": 0,
+            # Batches over varying shapes (batch/varying.py), by op name:
+            # launches, and the instances they ran; output elements computed
+            # for padding (only padded batches pad: rows are concatenated).
+            "varying_batches": collections.Counter(),
+            "varying_instances": collections.Counter(),
+            "padding_elements": 0}
         self.inference_seconds = 0.0
         self.search_seconds = 0.0
         self.pattern_matches = 0

@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import layout, plan, program
+from . import layout, plan, program, varying
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
 from .schedulers import schedule
@@ -31,9 +31,13 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     keep are marked swallowed (computed only if asked for)."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
+    varying.merge_types(graph)
     batches = schedule(graph, scheduler)
     compiled = None
-    if compile_after and batches:
+    if compile_after and batches and graph.varying:
+        # A program's buffers hold rows of one shape each (plan.py).
+        statistics["programs_not_compiled"]["batches over varying lengths"] += 1
+    elif compile_after and batches:
         the_program = plan.outline(graph, batches, required, program.MAX_KINDS)
         if the_program is None:
             statistics["programs_not_compiled"][

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..patch.record import ACCESS, annotate
+from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
 from .rules import NoRule, gather_rows, rule_for
@@ -52,7 +53,8 @@ class Executor:
         """(source tensor, row) of a node operand; row None: the value itself."""
         if operand.index < 0:
             node = operand.node
-            if node.result is None and node.batch is not None:
+            if (node.result is None and node.batch is not None
+                    and type(node.batch_row) not in (slice, tuple)):   # (varying.py's)
                 return node.batch, node.batch_row
             return node.value(), None
         index = operand.index
@@ -94,6 +96,12 @@ class Executor:
                 locations.append((source, row_of[operand.index]))
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
+        if self.graph.varying and any(type(row) in (slice, tuple) for _, row in locations):
+            # Values that are rows of a batch over varying lengths, or
+            # corners of a padded batch (varying.py): gathered, and stacked.
+            rows = varying.rows_of_locations(
+                self.statistics, locations, [operand_spec.shape] * count)
+            return tf.reshape(rows, (count, *operand_spec.shape)), None
         first_source, first_row = locations[0]
         if first_row is not None and all(
                 source is first_source for source, _ in locations) and [
@@ -141,6 +149,13 @@ class Executor:
         if len(indices) == 1 or all(shared):
             self._run_each(indices)
             return
+        kind = graph.varying.get(node_type)
+        if kind is not None:
+            try:
+                varying.run(self, indices, kind)
+            except (tf.errors.OpError, ValueError, TypeError):
+                self._run_each(indices)   # so the error names the instance's line
+            return
         rule = rule_for(first.row)
         if rule is None:
             statistics["unbatched"][f"{first.row.name}: no batch rule"] += len(indices)
@@ -178,11 +193,39 @@ class Executor:
             self.batch_of[index] = batched
             self.row_of[index] = row
 
+    def _values(self, operands):
+        """Each operand's own value.  A node reading many rows of one batch
+        (``tf.add_n`` of a minibatch's losses) takes them from one unstack,
+        whose gradient is one stack, rather than a slice per row, whose
+        gradients are each a zero tensor of the whole batch."""
+        if len(operands) < 4:
+            return [self._single_value(operand) for operand in operands]
+        locations = [self._location(operand) if isinstance(operand, NodeOperand)
+                     else (operand, None) for operand in operands]
+        reads = {}
+        for source, row in locations:
+            if type(row) is int:
+                reads[id(source)] = reads.get(id(source), 0) + 1
+        unstacked = {}
+        values = []
+        for source, row in locations:
+            if row is None:
+                values.append(source)
+            elif type(row) is int and reads[id(source)] >= 4 and (
+                    2 * reads[id(source)] >= source.shape[0]):
+                rows = unstacked.get(id(source))
+                if rows is None:
+                    rows = unstacked[id(source)] = tf.unstack(source)
+                values.append(rows[row])
+            else:
+                values.append(source[row])
+        return values
+
     def _run_each(self, indices):
         graph = self.graph
         for index in indices:
             node = graph.nodes[index]
-            values = [self._single_value(operand) for operand in graph.operands[index]]
+            values = self._values(graph.operands[index])
             try:
                 self.result_of[index] = node.row.call(values, node.attrs)
             except Exception as error:

@@ -59,6 +59,9 @@ class BatchGraph:
             self.nodes, ACCESS, _row_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
 
+        # Types joined over varying lengths (varying.merge_types) -> kind.
+        self.varying = {}
+
     def __len__(self):
         return len(self.nodes)
 

@@ -1,0 +1,631 @@
+"""Batching over varying shapes: instances that differ in their lengths.
+
+A sentence of n tokens gives ``[n, d] @ W``, ``tanh`` of ``[n, d]``, a
+``reduce_mean`` over its n rows.  Their batching signatures (graph.py) hold
+every operand's full shape, so sentences of different lengths never share a
+launch.  For the ops below the instances' rows are independent, so their
+operands concatenated along axis 0 (``[n_1 + n_2 + ..., d]``) give, through
+the very same op, every instance's rows one after another: the same per-row
+arithmetic as eager, and the same gradients (TensorFlow differentiates the
+concatenation and the slices).  No padding is computed.
+
+``merge_types(graph)`` joins the types of such ops whose signatures differ
+only in the first axis of their per-instance operands (the n3ldg++ idea of
+signatures that leave a size out, ../shared/seeds/n3ldg-jit-batching.txt),
+after ``describe_graph`` typed the nodes by full shapes; a type no other type
+joins is left as it is, so a model whose shapes never vary batches as before.
+``run(executor, indices, kind)`` runs one batch of a joined type.  How each
+op batches, its *kind*:
+
+``ROWS``      row-wise ops: the result's rows are the instances' rows, in
+              order (elementwise and broadcasting ops, ``bias_add``, a
+              product ``[n, k] @ W`` with W shared, a lookup of ``[n]`` ids
+              in a shared table, reductions and softmax over later axes,
+              losses over rows); instance i's value is a slice of it.
+``SEGMENTS``  ``reduce_sum``, ``reduce_mean``, ``reduce_max``, ``reduce_min``
+              over axis 0: one segment op over the concatenated rows, whose
+              row i is instance i's value (a stacked batch, as usual).
+``SOFTMAX``   ``softmax`` / ``log_softmax`` over axis 0: a segment softmax
+              (segment max, exp, segment sum), row-wise in its output.
+
+A score matrix ``[n, n]`` differs in two axes and cannot be concatenated.
+A second pass joins the types left whose values have the same rank, padded
+to the largest instance (``run_padded``):
+
+``PADDED``          a product of two instances' matrices, elementwise ops,
+                    ops with a Python number;
+``PADDED_SOFTMAX``  softmax and log-softmax, the padding masked out.
+
+Only types with a value of rank 2 or more join: a vector's one axis is as
+likely a feature size (a child-sum cell's ``[h]`` and ``[3h]``) as a
+length, and the padded pass joins only types whose first axes differ
+(``[1, 4]`` and ``[1, 12]`` gates are features).  Programs are not
+compiled for an evaluation with joined types (batch/__init__.py): their
+buffers hold rows of one shape.  An evaluation holding patterns is not
+joined (``merge_types``).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from .graph import NodeOperand
+from .plan import NUMPY_OF_PYTHON
+from .rules import gather_rows
+
+ROWS, SEGMENTS, SOFTMAX = "rows", "segments", "softmax"
+PADDED, PADDED_SOFTMAX = "padded", "padded softmax"
+
+_SEGMENT_OPS = {"math.reduce_sum": tf.math.segment_sum,
+                "math.reduce_mean": tf.math.segment_mean,
+                "math.reduce_max": tf.math.segment_max,
+                "math.reduce_min": tf.math.segment_min}
+_MATMUL_ROWS = ("linalg.matmul", "operator.matmul")
+_MATMUL_FLAGS = ("transpose_a", "adjoint_a", "a_is_sparse", "b_is_sparse")
+_ROW_WISE_LOSSES = ("nn.sparse_softmax_cross_entropy_with_logits",
+                    "nn.sigmoid_cross_entropy_with_logits",
+                    "nn.softmax_cross_entropy_with_logits")
+
+
+def merge_types(graph):
+    """Join the graph's types that differ only in the first axis of their
+    per-instance operands and whose op batches over it (module docstring).
+    Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
+    graph.varying = {}
+    signatures = graph.signatures
+    if any(signature[0].family == "pattern" for signature in signatures):
+        # Patterns (granularity "subgraph") run per input shape; joining
+        # the ops around them made the minibatch slower, not faster
+        # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
+        return
+    groups = {}
+    for node_type, signature in enumerate(signatures):
+        key = _length_free_key(signature)
+        if key is not None:
+            groups.setdefault(key, []).append(node_type)
+    groups = [types for types in groups.values() if len(types) > 1]
+    # Only now are nodes looked at: one example per candidate type.
+    merged_into, kinds = {}, {}
+    first_of_type = {}
+
+    def example_of(node_type):
+        """The index of a node of the type (a loop over the nodes, made
+        only for a graph with types to join)."""
+        if not first_of_type:
+            for index in range(len(graph.type_of) - 1, -1, -1):
+                first_of_type[graph.type_of[index]] = index
+        return first_of_type[node_type]
+
+    for types in groups:
+        joined = []
+        for node_type in types:
+            example = example_of(node_type)
+            kind = _kind(graph.nodes[example], graph.operands[example],
+                         graph.shared_operand[node_type], signatures[node_type])
+            if kind is not None:
+                joined.append((node_type, kind))
+        if len(joined) < 2:
+            continue
+        for node_type, _ in joined:
+            merged_into[node_type] = joined[0][0]
+        kinds[joined[0][0]] = joined[0][1]
+    # Then the types that differ in later axes too (a score matrix [n, n]):
+    # padded to the largest instance.
+    groups = {}
+    for node_type, signature in enumerate(signatures):
+        if node_type not in merged_into:
+            key = _shape_free_key(signature)
+            if key is not None:
+                groups.setdefault(key, []).append(node_type)
+    for types in groups.values():
+        if len(types) < 2:
+            continue
+        examples = {node_type: graph.nodes[example_of(node_type)]
+                    for node_type in types}
+        joined = [node_type for node_type in types if _padded_kind(
+            examples[node_type], graph.shared_operand[node_type],
+            signatures[node_type]) is not None]
+        if len({examples[node_type].spec.shape[0] for node_type in joined}) < 2:
+            # Lengths differ, not only later axes: [1, 4] and [1, 12] gates
+            # are features of two sizes, batched as they are.
+            continue
+        for node_type in joined:
+            merged_into[node_type] = joined[0]
+        kinds[joined[0]] = _padded_kind(examples[joined[0]], graph.shared_operand[joined[0]],
+                                        signatures[joined[0]])
+    if not merged_into:
+        return
+    # Renumber the types densely (schedulers count per type).
+    number_of = {}
+    kept_signatures, kept_shared = [], []
+    for node_type, signature in enumerate(signatures):
+        if merged_into.get(node_type, node_type) == node_type:
+            number_of[node_type] = len(kept_signatures)
+            kept_signatures.append(signature)
+            kept_shared.append(graph.shared_operand[node_type])
+    renumber = [number_of[merged_into.get(t, t)] for t in range(len(signatures))]
+    renumber.append(-1)   # type_of's -1 (not scheduled) indexes this
+    graph.type_of = [renumber[t] for t in graph.type_of]
+    graph.signatures, graph.shared_operand = kept_signatures, kept_shared
+    graph.varying = {number_of[t]: kind for t, kind in kinds.items()}
+    graph._type_names = None
+
+
+def _length_free_key(signature):
+    """The signature with each per-instance operand's first axis left out,
+    or None when no operand has one to leave out.  (A signature is (row,
+    attrs, attr types, a part per operand): a Spec per per-instance operand,
+    a tuple for a shared one; see graph.py.)"""
+    return _key(signature, lambda shape: shape[1:])
+
+
+def _shape_free_key(signature):
+    """The signature with per-instance operands described by dtype and rank
+    only (types padded together), or None."""
+    return _key(signature, len)
+
+
+def _key(signature, describe):
+    row = signature[0]
+    if row.multi_output or row.family not in (
+            "elementwise", "broadcasting", "matmul", "reduction", "gather", "loss"):
+        return None
+    parts = []
+    varies = False
+    for part in signature[3:]:
+        if type(part) is tuple:   # shared: by identity or value, as it is
+            parts.append(part)
+        elif not part.shape:
+            return None
+        else:
+            varies = True
+            parts.append((part.dtype, part.python_type, describe(part.shape)))
+    if not varies:
+        return None
+    return (row, signature[1], signature[2], tuple(parts))
+
+
+def _padded_kind(node, shared, signature):
+    """PADDED for ops whose instances may be zero-padded to the largest
+    (each output element reads the same input elements, padding adds only
+    zeros: a product of two instance matrices, elementwise ops, ops with
+    a Python number); PADDED_SOFTMAX for softmax, padding masked out; else
+    None.  Every consumer reads only an instance's own elements (``run``),
+    so what the padding computes never reaches a value or a gradient."""
+    row, output = node.row, node.spec
+    if isinstance(output, tuple) or output.dtype is None or len(output.shape) < 2:
+        return None   # (vectors: see _kind)
+    specs = [part for part, is_shared in zip(signature[3:], shared) if not is_shared]
+    if any(spec.python_type is not None or spec.dtype is None for spec in specs):
+        return None
+    options = dict(zip(row.attr_params, node.attrs))
+    if row.name in _MATMUL_ROWS:
+        if any(shared) or any(options.get(flag) for flag in (
+                "adjoint_a", "adjoint_b", "a_is_sparse", "b_is_sparse")) or any(
+                len(spec.shape) != 2 for spec in specs):
+            return None
+        return PADDED
+    if row.family == "elementwise":
+        return PADDED
+    if row.family == "broadcasting" and row.name != "nn.bias_add":
+        if any(spec.shape != output.shape for spec in specs) or any(
+                part[0] == "shared"
+                for part, is_shared in zip(signature[3:], shared) if is_shared):
+            return None   # only Python numbers shared: (float, 0.5) parts
+        return PADDED
+    if row.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
+        axis = options.get("axis")
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            return None
+        return PADDED_SOFTMAX
+    return None
+
+
+def _kind(node, operands, shared, signature):
+    """How nodes of this type batch over their first axis (ROWS, SEGMENTS,
+    SOFTMAX), or None if they cannot.  A type's specs and shared operands
+    are its nodes', so one node decides for all."""
+    row, output = node.row, node.spec
+    if isinstance(output, tuple) or output.dtype is None:
+        return None
+    specs = [None if is_shared else part for part, is_shared in zip(signature[3:], shared)]
+    rows = [spec.shape[0] for spec in specs if spec is not None]
+    if min(rows) < 1:
+        return None   # an empty instance: segment ops differ from reductions there
+    if max(len(output.shape), *(len(spec.shape) for spec in specs if spec is not None)) < 2:
+        # Vectors only: their one axis is as likely a feature size (a
+        # child-sum cell's [h] and [3h]) as a length, and such types batch
+        # well, and compile, as they are.
+        return None
+    options = dict(zip(row.attr_params, node.attrs))
+    output_rows = output.shape[0] if output.shape else None
+    family = row.family
+
+    def rows_match():
+        return all(spec is None or spec.shape[0] == output_rows for spec in specs)
+
+    if family == "elementwise":
+        return ROWS if rows_match() else None
+    if family == "broadcasting":
+        if row.name == "nn.bias_add" and options.get("data_format") not in (None, "NHWC"):
+            return None
+        rank = len(output.shape)
+        if not rank or not rows_match():
+            return None
+        for operand, spec in zip(operands, specs):
+            if spec is not None and len(spec.shape) != rank:
+                return None   # a lower-rank instance operand repeats per row
+            if spec is None and hasattr(operand, "shape"):
+                shape = tuple(operand.shape)   # a shared tensor broadcasts
+                if len(shape) == rank and shape[0] != 1:
+                    return None
+        return ROWS
+    if family == "matmul":
+        if (row.name not in _MATMUL_ROWS or tuple(shared) != (False, True)
+                or any(options.get(flag) for flag in _MATMUL_FLAGS)
+                or len(specs[0].shape) != 2 or len(tuple(operands[1].shape)) != 2):
+            return None
+        return ROWS
+    if family == "gather":
+        if (row.name not in ("gather", "nn.embedding_lookup")
+                or tuple(shared) != (True, False)
+                or options.get("axis") not in (None, 0)
+                or options.get("batch_dims") not in (None, 0)
+                or options.get("max_norm") is not None):
+            return None
+        return ROWS if rows_match() else None
+    if family == "loss":
+        if row.name not in _ROW_WISE_LOSSES or any(shared) or not rows_match():
+            return None
+        axis = options.get("axis", -1)
+        if axis is not None and int(axis) % len(specs[1].shape) == 0:
+            return None
+        return ROWS
+    if family == "reduction":
+        return _reduction_kind(row, options, specs[0], output, rows_match())
+    return None
+
+
+def _reduction_kind(row, options, spec, output, rows_match):
+    rank = len(spec.shape)
+    axis = options.get("axis")
+    if row.name in ("nn.softmax", "nn.log_softmax"):
+        axis = -1 if axis is None else axis
+        if not isinstance(axis, (int, np.integer)) or not spec.dtype.is_floating:
+            return None
+        return SOFTMAX if int(axis) % rank == 0 else (ROWS if rows_match else None)
+    if axis is None:
+        if row.name in ("math.argmax", "math.argmin"):
+            axes = {0}
+        elif rank == 1:
+            axes = {0}
+        else:
+            return None   # every axis: neither rows nor segments
+    else:
+        items = axis if isinstance(axis, (tuple, list)) else (axis,)
+        if not all(isinstance(a, (int, np.integer)) for a in items):
+            return None
+        axes = {int(a) % rank for a in items}
+    if 0 not in axes:
+        return ROWS if rows_match else None
+    if axes == {0} and row.name in _SEGMENT_OPS and (
+            spec.dtype.is_floating or row.name != "math.reduce_mean"):
+        return SEGMENTS
+    return None
+
+
+# -- running a batch -------------------------------------------------------------
+
+def run(executor, indices, kind):
+    """Run the nodes ``indices`` of one joined type as one op over their
+    concatenated rows (or padded, for PADDED kinds); record each node's
+    value as rows of the result."""
+    if kind in (PADDED, PADDED_SOFTMAX):
+        run_padded(executor, indices, kind)
+        return
+    graph = executor.graph
+    first = graph.nodes[indices[0]]
+    node_type = graph.type_of[indices[0]]
+    shared = graph.shared_operand[node_type]
+    specs = graph.signatures[node_type][3:]
+    varying_position = shared.index(False)
+    lengths = [_rows_of(graph.operands[i][varying_position]) for i in indices]
+    # Instances in order of length (stable): then the rows of each length are
+    # one run of the result, which the ops batched per length (score
+    # matrices) read as a slice, and the next batch over varying lengths,
+    # in the same order, reads as a whole.
+    order = sorted(range(len(indices)), key=lengths.__getitem__)
+    indices = [indices[k] for k in order]
+    lengths = [lengths[k] for k in order]
+    values = []
+    for position, is_shared in enumerate(shared):
+        if is_shared:
+            values.append(graph.operands[indices[0]][position])
+            continue
+        operands = [graph.operands[i][position] for i in indices]
+        values.append(_concatenated(executor, operands, specs[position]))
+    statistics = executor.statistics
+    statistics["varying_batches"][first.row.name] += 1
+    statistics["varying_instances"][first.row.name] += len(indices)
+    if kind == ROWS:
+        batched = first.row.call(values, first.attrs)
+        places = _row_slices(lengths)
+    else:
+        segment_ids = tf.constant(np.repeat(np.arange(len(indices), dtype=np.int32),
+                                            lengths))
+        if kind == SEGMENTS:
+            batched = _SEGMENT_OPS[first.row.name](values[0], segment_ids)
+            if dict(zip(first.row.attr_params, first.attrs)).get("keepdims"):
+                batched = tf.expand_dims(batched, 1)
+            places = range(len(indices))
+        else:
+            batched = segment_softmax(values[0], segment_ids, len(indices),
+                                      log=first.row.name == "nn.log_softmax")
+            places = _row_slices(lengths)
+    for index, place in zip(indices, places):
+        executor.batch_of[index] = batched
+        executor.row_of[index] = place
+
+
+def run_padded(executor, indices, kind):
+    """One op over the instances zero-padded to the largest shape: operands
+    gathered by rows or elements (padding reads a zero), the
+    result kept padded, each node's value its own corner of it (its place
+    a tuple: its row, then a slice per axis).  Consumers read only those
+    corners, so the padding's values never reach a value or a gradient
+    (its gradient goes to the zero it read, which no variable holds)."""
+    graph = executor.graph
+    first = graph.nodes[indices[0]]
+    node_type = graph.type_of[indices[0]]
+    shared = graph.shared_operand[node_type]
+    specs = graph.signatures[node_type][3:]
+    count = len(indices)
+    values = []
+    for position, is_shared in enumerate(shared):
+        if is_shared:
+            values.append(graph.operands[indices[0]][position])
+            continue
+        operands = [graph.operands[i][position] for i in indices]
+        shapes = [_shape_of(operand) for operand in operands]
+        locations = _locations(executor, operands, specs[position])
+        padded_shape = tuple(np.max(shapes, axis=0))
+        source = locations[0][0]
+        if ((kind == PADDED_SOFTMAX or _padding_safe(first.row.name, shared)) and all(
+                where is source and type(row) is tuple and row[0] == k
+                for k, (where, row) in enumerate(locations))
+                and tuple(source.shape) == (count, *padded_shape)):
+            # The padded result of the batch before, as it is: these ops'
+            # values and gradients in an instance's corner read only that
+            # corner (see _PADDING_SAFE).
+            values.append(source)
+            continue
+        values.append(gather_elements(executor.statistics, locations, shapes,
+                                      padded_shape=padded_shape))
+    output_shapes = [graph.nodes[i].spec.shape for i in indices]
+    padded_shape = tuple(np.max(output_shapes, axis=0))
+    attrs = first.attrs
+    if kind == PADDED_SOFTMAX:
+        mask = np.zeros((count, *padded_shape), bool)
+        for instance, shape in enumerate(output_shapes):
+            mask[(instance, *map(slice, shape))] = True
+        # Masked logits at the dtype's lowest: exp gives an exact 0 beside
+        # any real logit (a row all padding is uniform, and never read).
+        values[0] = tf.where(tf.constant(mask), values[0], values[0].dtype.min)
+        options = dict(zip(first.row.attr_params, attrs))
+        axis = options.get("axis")
+        axis = -1 if axis is None else int(axis)
+        attrs = tuple(axis + 1 if name == "axis" and axis >= 0 else value
+                      for name, value in zip(first.row.attr_params, attrs))
+    batched = first.row.call(values, attrs)
+    statistics = executor.statistics
+    statistics["varying_batches"][first.row.name] += 1
+    statistics["varying_instances"][first.row.name] += count
+    statistics["padding_elements"] += count * int(np.prod(padded_shape)) - sum(
+        int(np.prod(shape)) for shape in output_shapes)
+    for instance, (index, shape) in enumerate(zip(indices, output_shapes)):
+        executor.batch_of[index] = batched
+        executor.row_of[index] = (instance, *map(slice, shape))
+
+
+# Ops that may read the padded result of the batch before as it is, padding
+# and all: with a number as the other operand their derivative is constant,
+# so the padding's values (even inf or NaN) reach no value and, times the
+# zero gradient every padding element gets, no gradient either.  (Softmax
+# too: it selects its logits with a mask.)  A product of two instances'
+# matrices does not: it sums over padding, which must be zeros.
+_PADDING_SAFE = {"operator.add": (0, 1), "operator.sub": (0, 1), "operator.mul": (0, 1),
+                 "math.add": (0, 1), "math.subtract": (0, 1), "math.multiply": (0, 1),
+                 "operator.truediv": (0,), "math.truediv": (0,), "math.divide": (0,)}
+
+
+def _padding_safe(name, shared):
+    """May op ``name`` read a padded operand as it is (``_PADDING_SAFE``):
+    every other operand a shared number, the padded one where allowed."""
+    positions = _PADDING_SAFE.get(name, ())
+    return shared.count(False) == 1 and shared.index(False) in positions
+
+
+def gather_elements(statistics, locations, shapes, padded_shape=None):
+    """The values at ``locations`` (as ``rows_of_locations`` takes them, or
+    padded places (instance, slice, ...)) of ``shapes``, by one gather of
+    their elements from the sources flattened: stacked and zero-padded to
+    ``padded_shape`` if given, else every value's elements one after
+    another (flat)."""
+    if padded_shape is not None and all(
+            type(row) is not tuple for _, row in locations) and all(
+            shape[1:] == padded_shape[1:] for shape in shapes):
+        return _gather_padded_rows(statistics, locations, shapes, padded_shape)
+    tables, offsets, total = [], {}, 0
+    element_indices = []
+    for (source, row), shape in zip(locations, shapes):
+        offset = offsets.get(id(source))
+        if offset is None:
+            offset = offsets[id(source)] = total
+            tables.append(tf.reshape(source, (-1,)))
+            total += int(np.prod(source.shape))
+        size = int(np.prod(shape))
+        if row is None:
+            start = 0
+        elif type(row) is slice:
+            start = row.start * int(np.prod(source.shape[1:]))
+        elif type(row) is tuple:   # a padded place: its corner of the source
+            strides = [int(np.prod(source.shape[axis + 1:]))   # elements per step
+                       for axis in range(len(source.shape))]
+            found = offset + row[0] * strides[0]
+            for axis, (length, stride) in enumerate(zip(shape, strides[1:])):
+                found = found + (np.arange(length) * stride).reshape(
+                    [-1 if a == axis else 1 for a in range(len(shape))])
+            element_indices.append(np.broadcast_to(found, shape))
+            continue
+        else:
+            start = row * size
+        element_indices.append(offset + start + np.arange(size).reshape(shape))
+    zero = total   # the index of a zero appended to the table
+    tables.append(tf.zeros((1,), tables[0].dtype))
+    if padded_shape is None:
+        indices = np.concatenate([i.reshape(-1) for i in element_indices])
+    else:
+        indices = np.full((len(shapes), *padded_shape), zero, np.int64)
+        for instance, found in enumerate(element_indices):
+            indices[(instance, *map(slice, found.shape))] = found
+    statistics["gathers"] += 1
+    return gather_rows(tf.concat(tables, 0), tf.constant(indices, tf.int32))
+
+
+def _gather_padded_rows(statistics, locations, shapes, padded_shape):
+    """``gather_elements`` for values whose shapes differ in the first axis
+    only: one gather of rows (not elements), a padding row reading zeros."""
+    tables, offsets, total = [], {}, 0
+    indices = np.empty((len(shapes), padded_shape[0]), np.int32)
+    starts = []
+    for (source, row), shape in zip(locations, shapes):
+        offset = offsets.get(id(source))
+        if offset is None:
+            table = source
+            if row is not None and type(row) is not slice:   # [count, n, ...]
+                table = tf.reshape(source, (-1, *source.shape[2:]))
+            offset = offsets[id(source)] = total
+            total += table.shape[0]
+            tables.append(table)
+        if row is None:
+            starts.append(offset)
+        elif type(row) is slice:
+            starts.append(offset + row.start)
+        else:
+            starts.append(offset + row * shape[0])
+    indices[:] = total   # the zero row appended below
+    columns = np.arange(padded_shape[0])
+    for instance, (start, shape) in enumerate(zip(starts, shapes)):
+        indices[instance, :shape[0]] = start + columns[:shape[0]]
+    tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
+    statistics["gathers"] += 1
+    return gather_rows(tf.concat(tables, 0), tf.constant(indices))
+
+
+def _shape_of(operand):
+    if isinstance(operand, NodeOperand):
+        spec = operand.node.spec if operand.pick is None else operand.node.spec[operand.pick]
+        return spec.shape
+    return np.shape(operand)
+
+
+def segment_softmax(logits, segment_ids, count, log=False):
+    """Softmax (or log-softmax) over each segment of rows of ``logits``, as
+    ``tf.nn.softmax(x, axis=0)`` computes it per instance: exp(x - max) over
+    its sum.  The max is a constant shift (the result does not depend on
+    it), so no gradient flows through it, as none does in TensorFlow's own
+    softmax gradient."""
+    largest = tf.stop_gradient(tf.math.segment_max(logits, segment_ids))
+    shifted = logits - tf.gather(largest, segment_ids)
+    exponentials = tf.exp(shifted)
+    sums = tf.math.segment_sum(exponentials, segment_ids)
+    if log:
+        return shifted - tf.gather(tf.math.log(sums), segment_ids)
+    return exponentials / tf.gather(sums, segment_ids)
+
+
+def _row_slices(lengths):
+    places, start = [], 0
+    for length in lengths:
+        places.append(slice(start, start + length))
+        start += length
+    return places
+
+
+def _rows_of(operand):
+    """The first axis of a per-instance operand (its instance's length)."""
+    if isinstance(operand, NodeOperand):
+        spec = operand.node.spec if operand.pick is None else operand.node.spec[operand.pick]
+        return spec.shape[0]
+    return len(operand)
+
+
+def _concatenated(executor, operands, spec):
+    """The operands' rows one after another (``rows_of_locations``); Python
+    lists of each instance concatenated."""
+    if not any(isinstance(operand, NodeOperand) for operand in operands):
+        kind = NUMPY_OF_PYTHON.get(getattr(spec, "python_type", None))
+        return np.concatenate([np.asarray(operand, dtype=kind) for operand in operands])
+    return rows_of_locations(executor.statistics, _locations(executor, operands, spec),
+                             [_shape_of(operand) for operand in operands])
+
+
+def _locations(executor, operands, spec):
+    """Where each operand's value is, (source, row) as the executor keeps
+    them; a NumPy or list value (of one type's instances, beside nodes of
+    the same spec) is its own source."""
+    kind = NUMPY_OF_PYTHON.get(getattr(spec, "python_type", None))
+    return [executor._location(operand) if isinstance(operand, NodeOperand)
+            else (tf.constant(np.asarray(operand, dtype=kind)), None)
+            for operand in operands]
+
+
+def rows_of_locations(statistics, locations, shapes):
+    """The rows of values at ``locations`` ((source, row) as the executor
+    keeps them: row None for the source itself, an int for row ``row`` of a
+    stacked batch, a slice for rows of a batch over varying lengths), of
+    ``lengths`` rows each, one after another: one source itself, a slice of
+    it, a concat of whole sources, or one gather from their rows (whose
+    gradient is one segment sum, where slices would each give a dense
+    gradient of the whole source).  Values in padded batches (``run_padded``)
+    are gathered element by element."""
+    if any(type(row) is tuple for _, row in locations):
+        flat = gather_elements(statistics, locations, shapes)
+        return tf.reshape(flat, (-1, *shapes[0][1:]))
+    tables, offsets, pieces, total = [], {}, [], 0
+    for (source, row), shape in zip(locations, shapes):
+        length = shape[0]
+        offset = offsets.get(id(source))
+        if offset is None:
+            table = source
+            if row is not None and type(row) is not slice:   # [count, n, ...]: rows
+                table = tf.reshape(source, (-1, *source.shape[2:]))
+            offset = offsets[id(source)] = total
+            total += table.shape[0]
+            tables.append(table)
+        if row is None:
+            start = 0
+        elif type(row) is slice:
+            start = row.start
+        else:
+            start = row * length
+        pieces.append((offset + start, length))
+    first, expected, contiguous = pieces[0][0], pieces[0][0], True
+    for start, length in pieces:
+        if start != expected:
+            contiguous = False
+            break
+        expected += length
+    table = tables[0] if len(tables) == 1 else tf.concat(tables, 0)
+    if len(tables) > 1:
+        statistics["stacks"] += 1
+    if contiguous:
+        if first == 0 and expected == total:
+            return table
+        statistics["slices"] += 1
+        return table[first:expected]
+    rows = np.concatenate([np.arange(start, start + length, dtype=np.int32)
+                           for start, length in pieces])
+    statistics["gathers"] += 1
+    statistics["bytes_gathered"] += len(rows) * int(
+        np.prod(table.shape[1:])) * table.dtype.size
+    return gather_rows(table, tf.constant(rows))
