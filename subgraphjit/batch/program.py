@@ -16,8 +16,8 @@ written once, so the final buffers hold every step's operands), takes the
 step's local gradient with a GradientTape inside the trace, and adds the
 operands' gradients into adjoint buffers.  The recomputation skips the
 steps' matrix products, the bulk of the work: the forward keeps each product
-in a list, and the backward replays it (``rules.products``).  Gradients of shared operands are
-summed over the steps, except rows of a variable looked up (``tf.gather``,
+in a list, and the backward replays it (``rules.products``).  Gradients of
+shared operands are summed over the steps, except rows of a variable looked up (``tf.gather``,
 embedding lookups), which are kept as entries, so the variable's gradient is
 the IndexedSlices eager TensorFlow gives, with an entry per lookup.
 
@@ -27,6 +27,7 @@ tape records one op whose gradient is the backward call.
 """
 
 import collections
+import itertools
 import time
 
 import numpy as np
@@ -37,8 +38,8 @@ from .. import _native
 from ..patch import spec as specs
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
-from .plan import ROWS, SHARED
 from . import rules
+from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
 # Compiled programs are kept for this many distinct keys (least recently
@@ -317,7 +318,7 @@ class _Compiled:
         """The forward's ``rules.products`` hook for step ``s``: each product
         computed and put in its dtype's list (``lists``, replaced in place),
         where the backward's ``_replay`` finds it."""
-        number = iter(range(1 << 30))
+        number = itertools.count()
 
         def keep(a, b, transpose_b, compute):
             product, j = compute(), next(number)
@@ -333,7 +334,7 @@ class _Compiled:
         """The backward's ``rules.products`` hook for step ``s``: the product
         the forward kept, with the product's gradient (which reads its
         operands only, so that the recomputed product is never run)."""
-        number = iter(range(1 << 30))
+        number = itertools.count()
 
         def replay(a, b, transpose_b, compute):
             j = next(number)
@@ -532,11 +533,16 @@ class _Compiled:
         arrays = [tf.constant(program.steps), tf.constant(program.rows),
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
-        carried = [b for b in self.trainable if program.input_nodes[b]]
         # This program's shared values, in the compiled order: variables are
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
         values = _Shared(program).values
+        if not _could_record():   # inference: no gradient to join to a tape
+            outputs = self.forward(*arrays, *inputs, *[
+                tf.convert_to_tensor(value) if is_variable(value) else value
+                for value in values])
+            return outputs[:len(self.buffers)]
+        carried = [b for b in self.trainable if program.input_nodes[b]]
         tensors = [value for value in values if not is_variable(value)]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
@@ -544,11 +550,6 @@ class _Compiled:
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
         compiled = self
-        if not _could_record():   # inference: no gradient to join to a tape
-            outputs = self.forward(*arrays, *inputs, *[
-                tf.convert_to_tensor(value) if is_variable(value) else value
-                for value in values])
-            return outputs[:len(self.buffers)]
 
         @tf.custom_gradient
         def run(*given):
