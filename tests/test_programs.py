@@ -420,19 +420,7 @@ def test_a_pattern_looking_up_a_variables_rows_keeps_an_entry_each(compiled):
             module.gather(table, 2) * row, weight))) for row in rows]
         return module.add_n(terms)
 
-    for _ in range(3):   # collect, then compiled
-        rows = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(4)]
-        with tensorflow.GradientTape() as tape:
-            expected = loss(tensorflow, rows)
-        expected_gradients = tape.gradient(expected, [table, weight])
-        with tf.GradientTape() as tape:
-            actual = tf.build(loss(tf, [tf.identity(row) for row in rows]))
-        actual_gradients = tape.gradient(actual, [table, weight])
-        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
-        for got, want in zip(actual_gradients, expected_gradients):
-            assert_gradient_equal(got, want, atol=1e-5)
-    stats = tf.stats()
-    assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats
+    assert_compiled_pattern_matches_eager(loss, [table, weight], rng, np.float32)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -455,14 +443,21 @@ def test_products_kept_by_the_forward_give_eager_gradients(compiled, dtype):
             terms.append(module.reduce_sum(hidden * hidden))
         return module.add_n(terms)
 
-    for _ in range(3):   # collect, then compiled
+    assert_compiled_pattern_matches_eager(loss, [first, second], rng, dtype)
+
+
+def assert_compiled_pattern_matches_eager(loss, variables, rng, dtype):
+    """``loss(module, rows)`` over four random (1, 3) rows, three times
+    (collect, then compiled): values and the variables' gradients as
+    eager TensorFlow's, through a compiled program running a pattern."""
+    for _ in range(3):
         rows = [rng.normal(size=(1, 3)).astype(dtype) for _ in range(4)]
         with tensorflow.GradientTape() as tape:
             expected = loss(tensorflow, rows)
-        expected_gradients = tape.gradient(expected, [first, second])
+        expected_gradients = tape.gradient(expected, variables)
         with tf.GradientTape() as tape:
             actual = tf.build(loss(tf, [tf.identity(row) for row in rows]))
-        actual_gradients = tape.gradient(actual, [first, second])
+        actual_gradients = tape.gradient(actual, variables)
         np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
         for got, want in zip(actual_gradients, expected_gradients):
             assert_gradient_equal(got, want, atol=1e-5)
