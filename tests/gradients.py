@@ -39,3 +39,13 @@ def assert_gradient_equal(got, expected, rtol=1e-4, atol=1e-6):
     np.testing.assert_allclose(tensorflow.convert_to_tensor(got).numpy(),
                                tensorflow.convert_to_tensor(expected).numpy(),
                                rtol=rtol, atol=atol)
+
+
+def assert_loss_and_gradients_equal(got, expected, atol=1e-6):
+    """``got`` = (loss, gradients) is eager's ``expected``: the loss to
+    float32 tolerance, every gradient as ``assert_gradient_equal`` says."""
+    (loss, gradients), (expected_loss, expected_gradients) = got, expected
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    assert len(gradients) == len(expected_gradients)
+    for gradient, expected_gradient in zip(gradients, expected_gradients):
+        assert_gradient_equal(gradient, expected_gradient, atol=atol)

@@ -9,7 +9,7 @@ import tensorflow
 import subgraphjit as tf
 from subgraphjit.batch.schedulers import SCHEDULERS
 from experiments.example_models import MODELS
-from gradients import assert_gradient_equal
+from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 
 SCHEDULER_NAMES = ["none", *SCHEDULERS, "fsm"]
 
@@ -56,9 +56,7 @@ def test_batched_minibatch_equals_eager(model_name, scheduler):
         tensorflow, model, examples)
     tf.reset_stats()
     loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
-    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
-    for got, expected in zip(gradients, expected_gradients):
-        assert_gradient_equal(got, expected)
+    assert_loss_and_gradients_equal((loss, gradients), (expected_loss, expected_gradients))
     stats = tf.stats()
     if scheduler != "none":
         # Batching really happened: fewer launches than nodes (far fewer but

@@ -16,7 +16,7 @@ import subgraphjit as tf
 from subgraphjit import concurrent
 from subgraphjit.context import context
 from experiments.example_models import CONTROL_FLOW_MODELS, minibatch_losses
-from gradients import assert_gradient_equal
+from gradients import assert_loss_and_gradients_equal
 
 
 @pytest.fixture
@@ -59,9 +59,7 @@ def test_map_equals_eager(model_name, settings):
         expected_loss, expected_gradients = loss_and_gradients(tensorflow, model, examples)
         tf.reset_stats()
         loss, gradients = loss_and_gradients(tf, model, examples)
-        np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
-        for got, expected in zip(gradients, expected_gradients):
-            assert_gradient_equal(got, expected)
+        assert_loss_and_gradients_equal((loss, gradients), (expected_loss, expected_gradients))
         stats = tf.stats()
         assert stats["forced_evaluations"] == {}
         # One evaluation per round, and the tape's build.

@@ -9,6 +9,7 @@ import tensorflow
 import subgraphjit as tf
 from experiments.example_models import MODELS
 from test_patterns import assert_matches_eager, parameters  # noqa: F401 (fixture)
+from gradients import assert_loss_and_gradients_equal
 
 
 def run_twice(model, rng, count=4):
@@ -144,6 +145,4 @@ def test_a_joined_pair_without_a_batch_rule_runs_per_instance(parameters):
     assert stats["pattern_fusions"] > 0
     assert any("+" in reason and "cumsum has no batch rule" in reason
                for reason in stats["unbatched"]), stats["unbatched"]
-    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
-    for got, expected in zip(gradients, expected_gradients):
-        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert_loss_and_gradients_equal((loss, gradients), (expected_loss, expected_gradients))

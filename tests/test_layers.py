@@ -16,7 +16,7 @@ import tensorflow
 import subgraphjit as sj
 from subgraphjit import VirtualNode
 from subgraphjit.batch import program
-from gradients import assert_gradient_equal
+from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 
 VOCAB, EMBEDDING, HIDDEN, CLASSES = 7, 3, 4, 2
 
@@ -171,9 +171,8 @@ def test_tree_models_of_keras_layers_equal_eager(model_class, parameters):
                 counter[0] = 0
             expected_loss, expected_gradients = loss_and_gradients(model, trees, lazy=False)
         calls = [counter[0] for counter in counters]
-        np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
-        for got, want in zip(gradients, expected_gradients, strict=True):
-            assert_gradient_equal(got, want, atol=1e-5)
+        assert_loss_and_gradients_equal((loss, gradients),
+                                        (expected_loss, expected_gradients), atol=1e-5)
         # Each layer ran as fewer launches than it was called.
         for launched, called in zip(launches, calls):
             assert launched < called, (launches, calls)

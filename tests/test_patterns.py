@@ -13,7 +13,7 @@ from subgraphjit import search, signature as signatures
 from subgraphjit.codegen import ROWS_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
-from gradients import assert_gradient_equal
+from gradients import assert_loss_and_gradients_equal
 from test_batching import minibatch_loss_and_gradients
 
 
@@ -38,9 +38,7 @@ def assert_matches_eager(model, examples):
     expected_loss, expected_gradients = minibatch_loss_and_gradients(
         tensorflow, model, examples)
     loss, gradients = minibatch_loss_and_gradients(tf, model, examples)
-    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
-    for got, expected in zip(gradients, expected_gradients):
-        assert_gradient_equal(got, expected)
+    assert_loss_and_gradients_equal((loss, gradients), (expected_loss, expected_gradients))
 
 
 @pytest.mark.parametrize("level", signatures.LEVELS)

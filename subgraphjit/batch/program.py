@@ -524,9 +524,9 @@ class _Compiled:
         return entries if entries else [k]   # a branch must return something
 
     # -- one call --------------------------------------------------------------
-    def __call__(self, program):
-        """The program's buffers, computed; under a GradientTape, one op
-        whose gradient is the backward call.  Only what can carry a
+    def __call__(self, program, recording):
+        """The program's buffers, computed; while a tape could record
+        (``recording``), one op whose gradient is the backward call.  Only what can carry a
         gradient to the user passes through that op: rows of nodes
         evaluated earlier (in trainable buffers), shared tensors and the
         variables."""
@@ -537,7 +537,7 @@ class _Compiled:
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
         values = _Shared(program).values
-        if not _could_record():   # inference: no gradient to join to a tape
+        if not recording:   # inference: no gradient to join to a tape
             outputs = self.forward(*arrays, *inputs, *[
                 tf.convert_to_tensor(value) if is_variable(value) else value
                 for value in values])
@@ -689,7 +689,8 @@ def run(program, compiled, graph, statistics):
     a pattern: left unevaluated, with its inputs, and computed only if
     someone asks; a multi-output node's kept outputs' access nodes have
     rows of their own)."""
-    outputs = compiled(program)
+    recording = _could_record()
+    outputs = compiled(program, recording)
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
     statistics["batches"] += len(program.steps)
@@ -709,7 +710,7 @@ def run(program, compiled, graph, statistics):
     # rows stay rows of their buffer until read: a slice each, at once,
     # cost 6 ms of a 256-tree minibatch's 144.  (TensorFlow says whether
     # a tape could record only privately; without it, rows are taken.)
-    if _could_record():
+    if recording:
         for node in results:
             node.value()
 

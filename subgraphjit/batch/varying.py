@@ -336,13 +336,9 @@ def run(executor, indices, kind):
     order = sorted(range(len(indices)), key=lengths.__getitem__)
     indices = [indices[k] for k in order]
     lengths = [lengths[k] for k in order]
-    values = []
-    for position, is_shared in enumerate(shared):
-        if is_shared:
-            values.append(graph.operands[indices[0]][position])
-            continue
-        operands = [graph.operands[i][position] for i in indices]
-        values.append(_concatenated(executor, operands, specs[position]))
+    values = [shared_value if operands is None
+              else _concatenated(executor, operands, specs[position])
+              for position, shared_value, operands in _by_position(graph, indices)]
     statistics = executor.statistics
     statistics["varying_batches"][first.row.name] += 1
     statistics["varying_instances"][first.row.name] += len(indices)
@@ -366,6 +362,17 @@ def run(executor, indices, kind):
         executor.row_of[index] = place
 
 
+def _by_position(graph, indices):
+    """Per operand position of the batch's nodes: (position, the shared
+    value, None) or (position, None, every instance's operand)."""
+    shared = graph.shared_operand[graph.type_of[indices[0]]]
+    for position, is_shared in enumerate(shared):
+        if is_shared:
+            yield position, graph.operands[indices[0]][position], None
+        else:
+            yield position, None, [graph.operands[i][position] for i in indices]
+
+
 def run_padded(executor, indices, kind):
     """One op over the instances zero-padded to the largest shape: operands
     gathered by rows or elements (padding reads a zero), the
@@ -380,11 +387,10 @@ def run_padded(executor, indices, kind):
     specs = graph.signatures[node_type][3:]
     count = len(indices)
     values = []
-    for position, is_shared in enumerate(shared):
-        if is_shared:
-            values.append(graph.operands[indices[0]][position])
+    for position, shared_value, operands in _by_position(graph, indices):
+        if operands is None:
+            values.append(shared_value)
             continue
-        operands = [graph.operands[i][position] for i in indices]
         shapes = [_shape_of(operand) for operand in operands]
         locations = _locations(executor, operands, specs[position])
         padded_shape = tuple(np.max(shapes, axis=0))
