@@ -100,6 +100,12 @@ PARAMETERS = {
         "example tree models, and for the SST Tree-LSTM's training and "
         "inference at batch 25 and 256; see BENCHMARKS.md); "
         "0: never, every batch runs as its own op"),
+    "overlap": Parameter(
+        True, _parse_flag, _is_flag,
+        "queue a compiled minibatch's backward and the optimizer update "
+        "on an asynchronous TensorFlow executor, so that they run while "
+        "the next minibatch records (overlap.py); False: every op runs "
+        "where it is called"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "

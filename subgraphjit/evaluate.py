@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, concurrent, search
+from . import _native, batch, concurrent, overlap, search
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .patch.node import VirtualNode
@@ -145,6 +145,7 @@ def _run(nodes, required, compile_after):
     compiled (both value-dependent example models, BENCHMARKS.md)."""
     scheduler = context.parameters["scheduler"]
     if scheduler == "none":
+        overlap.end()
         for node in nodes:
             run_node(node)
         return len(nodes)

@@ -43,9 +43,11 @@ def assert_gradient_equal(got, expected, rtol=1e-4, atol=1e-6):
 
 def assert_loss_and_gradients_equal(got, expected, atol=1e-6):
     """``got`` = (loss, gradients) is eager's ``expected``: the loss to
-    float32 tolerance, every gradient as ``assert_gradient_equal`` says."""
+    float32 tolerance (``atol`` too: a sum of terms of both signs can end
+    near zero, where batched sums' rounding is large relative to it), every
+    gradient as ``assert_gradient_equal`` says."""
     (loss, gradients), (expected_loss, expected_gradients) = got, expected
-    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5, atol=atol)
     assert len(gradients) == len(expected_gradients)
     for gradient, expected_gradient in zip(gradients, expected_gradients):
         assert_gradient_equal(gradient, expected_gradient, atol=atol)

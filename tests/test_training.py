@@ -90,5 +90,4 @@ def test_compiled_updates_equal_keras_eager_updates(optimizer):
     assert isinstance(ours, keras_class) and type(ours) is not keras_class
     for value, want in zip(got, expected):
         np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6)
-    (update,) = optimizers._UPDATES[ours].values()
-    assert update.experimental_get_tracing_count() <= 2   # exact, then relaxed
+    assert len(optimizers._UPDATES[ours]) == 1   # one update, of any number of entries

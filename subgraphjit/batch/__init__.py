@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from .. import overlap
 from . import layout, plan, program, varying
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
@@ -47,6 +48,9 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
                                                      statistics)
         if compiled is not None:
             the_program.fill()
+    # The previous minibatch's backward and update ran meanwhile: wait for
+    # them here, before any op of this evaluation runs.
+    overlap.end()
     analysed = time.perf_counter()
     if compiled is not None:
         try:

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from .. import _native
+from .. import _native, overlap
 from ..patch import spec as specs
 from ..patch.record import ACCESS
 from ..patch.spec import is_variable
@@ -570,8 +570,11 @@ class _Compiled:
                 adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
                             else tf.convert_to_tensor(upstream[b])
                             for b in compiled.trainable]
-                input_gradients, shared_gradients = compiled.backward(
-                    *arrays, *buffers, *shared, *adjoints, *lists)
+                # From here this thread's ops queue: the backward and the
+                # update run while the next minibatch records.
+                overlap.begin()
+                input_gradients, shared_gradients = overlap.call(
+                    compiled.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
                 by_buffer = dict(zip(compiled.trainable, input_gradients))
                 shared_gradients = [_gradient(value, gradient) if number in used else None
                                     for number, (value, gradient)
@@ -622,7 +625,9 @@ def _gradient(value, gradient):
         return None
     if isinstance(gradient, tuple):   # entries of looked-up rows
         values, indices = gradient
-        return tf.IndexedSlices(values, indices, tf.shape(value, out_type=tf.int32))
+        dense_shape = tf.shape(value, out_type=tf.int32)
+        overlap.promise(dense_shape, [len(value.shape)])
+        return tf.IndexedSlices(values, indices, dense_shape)
     return gradient
 
 

@@ -16,6 +16,8 @@ import weakref
 
 import tensorflow as tf
 
+from .. import overlap
+
 _SUBCLASSES = {}                                   # Keras class -> ours
 _UPDATES = weakref.WeakKeyDictionary()            # optimizer -> {variable ids: tf.function}
 
@@ -31,20 +33,56 @@ class CompiledUpdate:
                 or not tf.executing_eagerly()
                 or any(gradient is None for gradient in gradients)):
             return super().apply_gradients(pairs, *arguments, **options)
+        specs = [_spec(gradient, variable) for gradient, variable in pairs]
+        tensors = [part for gradient in gradients for part in _parts(gradient)]
+        wanted = tf.nest.flatten(specs, expand_composites=True)
+        if any(spec is None for spec in specs) or not all(
+                tensor.dtype == spec.dtype
+                and spec.shape.is_compatible_with(overlap.shape_of(tensor))
+                for tensor, spec in zip(tensors, wanted)):
+            # Not a variable's gradient: Keras's own update says why.
+            return super().apply_gradients(pairs)
         updates = _UPDATES.setdefault(self, {})
-        key = tuple(map(id, variables))
+        key = (tuple(map(id, variables)), tuple(specs))
         update = updates.get(key)
         if update is None:
             keras_apply = super().apply_gradients
 
             # The variables are the same objects every call (their ids are
-            # the key; the closure keeps them alive); gradients are the
-            # arguments.  reduce_retracing: an IndexedSlices gradient's
-            # number of entries changes every minibatch.
+            # part of the key; the closure keeps them alive); gradients are
+            # the arguments, an IndexedSlices' number of entries left open.
             def apply(gradients):
                 return keras_apply(zip(gradients, variables))
-            update = updates[key] = tf.function(apply, reduce_retracing=True)
-        return update(gradients)
+            update = updates[key] = tf.function(
+                apply, input_signature=[specs]).get_concrete_function()
+        # A flat call: no shape checks (done above), which would wait for
+        # gradients still queued (overlap.py).
+        return overlap.call(update, tensors)
+
+
+def _parts(gradient):
+    """A gradient's tensors, in its spec's order.  (``tf.nest.flatten``
+    would ask an IndexedSlices for its shapes, which waits for them.)"""
+    if isinstance(gradient, tf.IndexedSlices):
+        parts = [gradient.values, gradient.indices]
+        return parts if gradient.dense_shape is None else parts + [gradient.dense_shape]
+    return [gradient]
+
+
+def _spec(gradient, variable):
+    """The type of a variable's gradient: dense of its shape, or an
+    IndexedSlices of its rows (None: neither)."""
+    dtype = tf.as_dtype(variable.dtype)
+    if isinstance(gradient, tf.IndexedSlices):
+        if not isinstance(gradient.indices, tf.Tensor):
+            return None
+        dense_shape = gradient.dense_shape
+        return tf.IndexedSlicesSpec(
+            variable.shape, dtype, gradient.indices.dtype,
+            None if dense_shape is None else dense_shape.dtype, [None])
+    if isinstance(gradient, tf.Tensor):
+        return tf.TensorSpec(variable.shape, dtype)
+    return None
 
 
 def compiled_update_class(keras_class):

@@ -1,0 +1,122 @@
+"""A minibatch's backward and update, run while the next minibatch records.
+
+In a training loop the compiled program's backward (``tape.gradient``) and
+the optimizer's update take more than half of TensorFlow's time, and
+nothing reads their results before the next minibatch's forward.  So
+``begin()`` (called by the backward) moves this thread's TensorFlow ops to
+an asynchronous executor of its own: the backward, the update and every op
+the thread issues after them are queued, in order, and run on another
+core while the user's Python records the next minibatch.  Order is kept
+as in TensorFlow's own asynchronous mode: an op sees every earlier op's
+effects (the next forward reads the updated variables), and reading a
+value (``.numpy()``, ``float``) waits for the ops it depends on.  The next
+evaluation calls ``end()``, which waits for the queue and returns the
+thread to its synchronous executor, so the asynchronous stretch lasts
+from a ``tape.gradient`` to the next evaluation.
+
+Within it, an error of a TensorFlow op the user runs directly (subgraphjit
+records most ops, and checks them when recording) is raised where the
+queue is next waited for, with a note that says so.
+``set_parameter("overlap", False)`` runs everything in place.
+
+Calls must not ask for a queued tensor's shape, which waits for it: a
+``tf.function`` checks its arguments' shapes, so the backward and the
+update are called flat (``call``), with the shapes the program's traced
+outputs promise (``promise``, ``shape_of``).
+"""
+
+import threading
+
+import tensorflow as tf
+
+from .context import context
+
+_thread = threading.local()
+
+
+def _eager():
+    # TensorFlow's executors per thread have no public API.  Where these
+    # private modules change, nothing overlaps.
+    from tensorflow.python.eager import context as eager_context, executor
+    return eager_context, executor
+
+
+def active():
+    """Whether this thread's ops are queued (between begin and end)."""
+    return getattr(_thread, "synchronous", None) is not None
+
+
+def begin():
+    """Queue this thread's TensorFlow ops from here on (if enabled)."""
+    if active() or not context.parameters["overlap"]:
+        return
+    try:
+        eager_context, executor = _eager()
+        current = eager_context.context()
+        queue = getattr(_thread, "queue", None)
+        if queue is None:
+            queue = _thread.queue = executor.new_executor(enable_async=True)
+        synchronous = current.executor
+        if synchronous.is_async():   # the user's own asynchronous mode
+            return
+        current.executor = queue
+    except (ImportError, AttributeError, TypeError):
+        return
+    _thread.synchronous = synchronous
+    _thread.promised = {}
+
+
+def end():
+    """Wait for the queued ops and return to synchronous execution.  An
+    error of a queued op is raised here, with a note."""
+    synchronous = getattr(_thread, "synchronous", None)
+    if synchronous is None:
+        return
+    _thread.synchronous, _thread.promised = None, {}
+    eager_context, _ = _eager()
+    try:
+        _thread.queue.wait()
+    except Exception as error:
+        _thread.queue.clear_error()
+        error.add_note(
+            "subgraphjit: this error is from an operation run asynchronously "
+            "since the last tape.gradient of a compiled minibatch (its "
+            "backward and the optimizer update overlap the next minibatch's "
+            "recording); set_parameter('overlap', False) runs every "
+            "operation where it is called.")
+        raise
+    finally:
+        eager_context.context().executor = synchronous
+
+
+def promise(tensor, shape):
+    """``tensor`` (queued) will have ``shape``: ``shape_of`` answers without
+    waiting.  Kept until ``end()`` (the entry holds the tensor, so its id
+    is not reused meanwhile)."""
+    if active():
+        _thread.promised[id(tensor)] = (tensor, tf.TensorShape(shape))
+
+
+def shape_of(tensor):
+    """A tensor's shape: promised, else its own (which waits for it)."""
+    promised = getattr(_thread, "promised", None)
+    if promised:
+        entry = promised.get(id(tensor))
+        if entry is not None and entry[0] is tensor:
+            return entry[1]
+    return tensor.shape
+
+
+def call(concrete, tensors):
+    """``concrete(*tensors)`` without checking the tensors' shapes, which
+    the caller guarantees (a plain call waits for queued ones), and the
+    outputs' shapes promised."""
+    call_flat = getattr(concrete, "_call_flat", None)
+    if call_flat is None:
+        return concrete(*tensors)
+    outputs = call_flat(list(tensors), concrete.captured_inputs)
+    if active():
+        traced = tf.nest.flatten(concrete.structured_outputs, expand_composites=True)
+        for tensor, symbolic in zip(tf.nest.flatten(outputs, expand_composites=True), traced):
+            promise(tensor, symbolic.shape)
+    return outputs
