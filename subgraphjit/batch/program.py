@@ -538,9 +538,9 @@ class _Compiled:
         # minibatch's own (only their dtype and shape are).
         values = _Shared(program).values
         if not recording:   # inference: no gradient to join to a tape
-            outputs = self.forward(*arrays, *inputs, *[
+            outputs = overlap.call(self.forward, [*arrays, *inputs, *[
                 tf.convert_to_tensor(value) if is_variable(value) else value
-                for value in values])
+                for value in values]])
             return outputs[:len(self.buffers)]
         carried = [b for b in self.trainable if program.input_nodes[b]]
         tensors = [value for value in values if not is_variable(value)]
@@ -563,7 +563,7 @@ class _Compiled:
             shared = [tf.stop_gradient(tf.convert_to_tensor(value)
                                        if is_variable(value) else next(given_tensors))
                       for value in values]
-            outputs = compiled.forward(*arrays, *given_inputs, *shared)
+            outputs = overlap.call(compiled.forward, [*arrays, *given_inputs, *shared])
             buffers, lists = outputs[:len(compiled.buffers)], outputs[len(compiled.buffers):]
 
             def gradient(*upstream, variables=None):
