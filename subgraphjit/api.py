@@ -4,7 +4,7 @@ import contextlib
 
 import tensorflow as tf
 
-from . import concurrent
+from . import concurrent, overlap
 from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
@@ -118,8 +118,12 @@ class GradientTape(tf.GradientTape):
         return super().watch(build(tensor))
 
     def gradient(self, target, sources, *args, **kwargs):
-        return super().gradient(self._built(target), self._built(sources),
-                                *args, **kwargs)
+        target, sources = self._built(target), self._built(sources)
+        if context.parameters["mode"] == "lazy":
+            # The backward and what follows queue, to run while the next
+            # minibatch records (overlap.py).
+            overlap.begin()
+        return super().gradient(target, sources, *args, **kwargs)
 
     def jacobian(self, target, sources, *args, **kwargs):
         return super().jacobian(self._built(target), self._built(sources),

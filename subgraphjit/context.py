@@ -102,7 +102,7 @@ PARAMETERS = {
         "0: never, every batch runs as its own op"),
     "overlap": Parameter(
         True, _parse_flag, _is_flag,
-        "queue a compiled minibatch's backward and the optimizer update "
+        "queue the backward (tape.gradient) and the optimizer update "
         "on an asynchronous TensorFlow executor, so that they run while "
         "the next minibatch records (overlap.py); False: every op runs "
         "where it is called"),

@@ -1,9 +1,9 @@
 """A minibatch's backward and update, run while the next minibatch records.
 
-In a training loop the compiled program's backward (``tape.gradient``) and
-the optimizer's update take more than half of TensorFlow's time, and
-nothing reads their results before the next minibatch's forward.  So
-``begin()`` (called by the backward) moves this thread's TensorFlow ops to
+In a training loop the backward (``tape.gradient``) and the optimizer's
+update take more than half of TensorFlow's time, and nothing reads their
+results before the next minibatch's forward.  So ``begin()`` (called by
+``GradientTape.gradient`` under subgraphjit) moves this thread's TensorFlow ops to
 an asynchronous executor of its own: the backward, the update and every op
 the thread issues after them are queued, in order, and run on another
 core while the user's Python records the next minibatch.  Order is kept
@@ -22,7 +22,9 @@ queue is next waited for, with a note that says so.
 Calls must not ask for a queued tensor's shape, which waits for it: a
 ``tf.function`` checks its arguments' shapes, so the backward and the
 update are called flat (``call``), with the shapes the program's traced
-outputs promise (``promise``, ``shape_of``).
+outputs promise (``promise``, ``shape_of``).  A backward that is not a
+compiled program's (the tape replaying each batch's ops) queues too, its
+ops dispatched by this thread as before but run by the other.
 """
 
 import threading
@@ -80,9 +82,9 @@ def end():
         _thread.queue.clear_error()
         error.add_note(
             "subgraphjit: this error is from an operation run asynchronously "
-            "since the last tape.gradient of a compiled minibatch (its "
-            "backward and the optimizer update overlap the next minibatch's "
-            "recording); set_parameter('overlap', False) runs every "
+            "since the last tape.gradient (the backward and the optimizer "
+            "update overlap the next minibatch's recording); "
+            "set_parameter('overlap', False) runs every "
             "operation where it is called.")
         raise
     finally:

@@ -570,9 +570,7 @@ class _Compiled:
                 adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
                             else tf.convert_to_tensor(upstream[b])
                             for b in compiled.trainable]
-                # From here this thread's ops queue: the backward and the
-                # update run while the next minibatch records.
-                overlap.begin()
+                # (Queued since GradientTape.gradient: overlap.py.)
                 input_gradients, shared_gradients = overlap.call(
                     compiled.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
                 by_buffer = dict(zip(compiled.trainable, input_gradients))
