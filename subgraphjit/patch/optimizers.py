@@ -6,7 +6,8 @@ op by op: the SST Tree-LSTM's Adagrad update took 4.6 ms per minibatch of
 So ``tf.keras.optimizers.<Name>`` under subgraphjit is a subclass of Keras's
 own class (``isinstance`` holds, its variables, configuration and
 checkpoints are Keras's) whose ``apply_gradients`` runs Keras's update
-inside a tf.function, one per list of variables.  The first call, which
+inside a tf.function, one concrete function per list of variables and
+their gradients' types.  The first call, which
 builds the optimizer's own variables, and calls with a ``None`` gradient or
 inside the user's own tf.function stay as Keras runs them.
 """
@@ -19,11 +20,11 @@ import tensorflow as tf
 from .. import overlap
 
 _SUBCLASSES = {}                                   # Keras class -> ours
-_UPDATES = weakref.WeakKeyDictionary()            # optimizer -> {variable ids: tf.function}
+_UPDATES = weakref.WeakKeyDictionary()   # optimizer -> {(variable ids, specs): concrete function}
 
 
 class CompiledUpdate:
-    """The mixin: ``apply_gradients`` as a tf.function per variable list."""
+    """The mixin: ``apply_gradients`` as one compiled call."""
 
     def apply_gradients(self, grads_and_vars, *arguments, **options):
         pairs = list(grads_and_vars)
