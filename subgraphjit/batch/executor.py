@@ -9,6 +9,8 @@ value, so intermediate nodes never cost an op of their own.  Everything runs
 under the caller's GradientTape, so gradients are exact.
 """
 
+import collections
+
 import numpy as np
 import tensorflow as tf
 
@@ -65,12 +67,6 @@ class Executor:
             return batch, self.row_of[index]
         result = self.result_of[index]
         return (result if operand.pick is None else result[operand.pick]), None
-
-    def _single_value(self, operand):
-        if not isinstance(operand, NodeOperand):
-            return operand
-        source, row = self._location(operand)
-        return source if row is None else source[row]
 
     def _assembly(self, position, indices, operand_spec):
         """(table, rows): the operand at ``position`` of every node, stacked
@@ -198,14 +194,10 @@ class Executor:
         (``tf.add_n`` of a minibatch's losses) takes them from one unstack,
         whose gradient is one stack, rather than a slice per row, whose
         gradients are each a zero tensor of the whole batch."""
-        if len(operands) < 4:
-            return [self._single_value(operand) for operand in operands]
         locations = [self._location(operand) if isinstance(operand, NodeOperand)
                      else (operand, None) for operand in operands]
-        reads = {}
-        for source, row in locations:
-            if type(row) is int:
-                reads[id(source)] = reads.get(id(source), 0) + 1
+        reads = collections.Counter(id(source) for source, row in locations
+                                    if type(row) is int)
         unstacked = {}
         values = []
         for source, row in locations:

@@ -121,17 +121,18 @@ def merge_types(graph):
             continue
         examples = {node_type: graph.nodes[example_of(node_type)]
                     for node_type in types}
-        joined = [node_type for node_type in types if _padded_kind(
-            examples[node_type], graph.shared_operand[node_type],
-            signatures[node_type]) is not None]
+        padded = {node_type: _padded_kind(examples[node_type],
+                                          graph.shared_operand[node_type],
+                                          signatures[node_type])
+                  for node_type in types}
+        joined = [node_type for node_type in types if padded[node_type] is not None]
         if len({examples[node_type].spec.shape[0] for node_type in joined}) < 2:
             # Lengths differ, not only later axes: [1, 4] and [1, 12] gates
             # are features of two sizes, batched as they are.
             continue
         for node_type in joined:
             merged_into[node_type] = joined[0]
-        kinds[joined[0]] = _padded_kind(examples[joined[0]], graph.shared_operand[joined[0]],
-                                        signatures[joined[0]])
+        kinds[joined[0]] = padded[joined[0]]
     if not merged_into:
         return
     # Renumber the types densely (schedulers count per type).
@@ -328,7 +329,8 @@ def run(executor, indices, kind):
     shared = graph.shared_operand[node_type]
     specs = graph.signatures[node_type][3:]
     varying_position = shared.index(False)
-    lengths = [_rows_of(graph.operands[i][varying_position]) for i in indices]
+    # (The first axis of each instance's operand: its length.)
+    lengths = [_shape_of(graph.operands[i][varying_position])[0] for i in indices]
     # Instances in order of length (stable): then the rows of each length are
     # one run of the result, which the ops batched per length (score
     # matrices) read as a slice, and the next batch over varying lengths,
@@ -500,14 +502,28 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
 def _gather_padded_rows(statistics, locations, shapes, padded_shape):
     """``gather_elements`` for values whose shapes differ in the first axis
     only: one gather of rows (not elements), a padding row reading zeros."""
-    tables, offsets, total = [], {}, 0
-    indices = np.empty((len(shapes), padded_shape[0]), np.int32)
-    starts = []
+    tables, total, starts = _row_tables(locations, shapes)
+    indices = np.full((len(shapes), padded_shape[0]), total, np.int32)   # the zero row
+    columns = np.arange(padded_shape[0])
+    for instance, (start, shape) in enumerate(zip(starts, shapes)):
+        indices[instance, :shape[0]] = start + columns[:shape[0]]
+    tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
+    statistics["gathers"] += 1
+    return gather_rows(tf.concat(tables, 0), tf.constant(indices))
+
+
+def _row_tables(locations, shapes):
+    """(tables, their total rows, each value's first row in them): each
+    distinct source once, a stacked batch ``[count, n, ...]`` as its rows;
+    a value at ``(source, row)`` of ``shape`` starts at its source's offset
+    plus 0 (the source itself), the slice's start, or ``row`` times its
+    length (a row of a stacked batch)."""
+    tables, offsets, starts, total = [], {}, [], 0
     for (source, row), shape in zip(locations, shapes):
         offset = offsets.get(id(source))
         if offset is None:
             table = source
-            if row is not None and type(row) is not slice:   # [count, n, ...]
+            if row is not None and type(row) is not slice:   # [count, n, ...]: rows
                 table = tf.reshape(source, (-1, *source.shape[2:]))
             offset = offsets[id(source)] = total
             total += table.shape[0]
@@ -518,13 +534,7 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
             starts.append(offset + row.start)
         else:
             starts.append(offset + row * shape[0])
-    indices[:] = total   # the zero row appended below
-    columns = np.arange(padded_shape[0])
-    for instance, (start, shape) in enumerate(zip(starts, shapes)):
-        indices[instance, :shape[0]] = start + columns[:shape[0]]
-    tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
-    statistics["gathers"] += 1
-    return gather_rows(tf.concat(tables, 0), tf.constant(indices))
+    return tables, total, starts
 
 
 def _shape_of(operand):
@@ -557,14 +567,6 @@ def _row_slices(lengths):
     return places
 
 
-def _rows_of(operand):
-    """The first axis of a per-instance operand (its instance's length)."""
-    if isinstance(operand, NodeOperand):
-        spec = operand.node.spec if operand.pick is None else operand.node.spec[operand.pick]
-        return spec.shape[0]
-    return len(operand)
-
-
 def _concatenated(executor, operands, spec):
     """The operands' rows one after another (``rows_of_locations``); Python
     lists of each instance concatenated."""
@@ -589,7 +591,7 @@ def rows_of_locations(statistics, locations, shapes):
     """The rows of values at ``locations`` ((source, row) as the executor
     keeps them: row None for the source itself, an int for row ``row`` of a
     stacked batch, a slice for rows of a batch over varying lengths), of
-    ``lengths`` rows each, one after another: one source itself, a slice of
+    ``shapes``, one after another: one source itself, a slice of
     it, a concat of whole sources, or one gather from their rows (whose
     gradient is one segment sum, where slices would each give a dense
     gradient of the whole source).  Values in padded batches (``run_padded``)
@@ -597,24 +599,8 @@ def rows_of_locations(statistics, locations, shapes):
     if any(type(row) is tuple for _, row in locations):
         flat = gather_elements(statistics, locations, shapes)
         return tf.reshape(flat, (-1, *shapes[0][1:]))
-    tables, offsets, pieces, total = [], {}, [], 0
-    for (source, row), shape in zip(locations, shapes):
-        length = shape[0]
-        offset = offsets.get(id(source))
-        if offset is None:
-            table = source
-            if row is not None and type(row) is not slice:   # [count, n, ...]: rows
-                table = tf.reshape(source, (-1, *source.shape[2:]))
-            offset = offsets[id(source)] = total
-            total += table.shape[0]
-            tables.append(table)
-        if row is None:
-            start = 0
-        elif type(row) is slice:
-            start = row.start
-        else:
-            start = row * length
-        pieces.append((offset + start, length))
+    tables, total, starts = _row_tables(locations, shapes)
+    pieces = [(start, shape[0]) for start, shape in zip(starts, shapes)]
     first, expected, contiguous = pieces[0][0], pieces[0][0], True
     for start, length in pieces:
         if start != expected:
