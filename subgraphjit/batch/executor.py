@@ -196,14 +196,15 @@ class Executor:
         gradients are each a zero tensor of the whole batch."""
         locations = [self._location(operand) if isinstance(operand, NodeOperand)
                      else (operand, None) for operand in operands]
+        # (Fewer than 4 operands cannot read 4 rows: no count.)
         reads = collections.Counter(id(source) for source, row in locations
-                                    if type(row) is int)
+                                    if type(row) is int) if len(locations) >= 4 else {}
         unstacked = {}
         values = []
         for source, row in locations:
             if row is None:
                 values.append(source)
-            elif type(row) is int and reads[id(source)] >= 4 and (
+            elif type(row) is int and reads.get(id(source), 0) >= 4 and (
                     2 * reads[id(source)] >= source.shape[0]):
                 rows = unstacked.get(id(source))
                 if rows is None:
