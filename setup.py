@@ -9,7 +9,8 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "subgraphjit._native",
     sources=["native/_native.c", "native/analysis.c", "native/match.c",
-             "native/plan.c", "native/fuse.c", "native/slab.c"],
+             "native/plan.c", "native/fuse.c", "native/slab.c",
+             "native/operands.c"],
     depends=["native/native.h", "native/containers.h"],
     extra_compile_args=[] if os.name == "nt" else ["-O2", "-Wall"],
 )])

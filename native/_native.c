@@ -837,7 +837,8 @@ PyInit__native(void)
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     node_operand_type = (PyTypeObject *)PyType_FromSpec(&node_operand_spec);
     if (add_analysis_functions(module) < 0 || add_match_functions(module) < 0
-            || add_plan_functions(module) < 0 || add_fuse_functions(module) < 0) {
+            || add_plan_functions(module) < 0 || add_fuse_functions(module) < 0
+            || add_operand_types(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

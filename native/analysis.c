@@ -210,40 +210,19 @@ index_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
     return 0;
 }
 
-/* Reads and checks the structure, and computes every node's depth: 1 + the
- * deepest source, where nodes that are not scheduled add nothing.  Nothing
- * here runs Python code once the sequences are made. */
+/* The sources of a Python sequence of tuples (or lists) of graph indices,
+ * into ``graph``'s offset and sources, unchecked. */
 static int
-structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
-               Py_ssize_t type_count)
+sources_read(Structure *graph, PyObject *sources_arg)
 {
-    memset(graph, 0, sizeof(*graph));
-    PyObject *type_of = PySequence_Fast(type_of_arg, "type_of must be a sequence");
-    if (type_of == NULL)
-        return -1;
     PyObject *sources = PySequence_Fast(sources_arg, "sources must be a sequence");
-    if (sources == NULL) {
-        Py_DECREF(type_of);
+    if (sources == NULL)
         return -1;
-    }
     int status = -1;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(type_of);
+    Py_ssize_t count = graph->count;
     if (PySequence_Fast_GET_SIZE(sources) != count) {
         PyErr_Format(PyExc_ValueError, "type_of has %zd nodes but sources has %zd",
                      count, PySequence_Fast_GET_SIZE(sources));
-        goto done;
-    }
-    if (type_count < 0) {
-        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
-        goto done;
-    }
-    graph->count = count;
-    graph->type_count = type_count;
-    graph->type_of = PyMem_New(Py_ssize_t, count + 1);
-    graph->offset = PyMem_New(Py_ssize_t, count + 1);
-    graph->depth = PyMem_New(Py_ssize_t, count + 1);
-    if (graph->type_of == NULL || graph->offset == NULL || graph->depth == NULL) {
-        PyErr_NoMemory();
         goto done;
     }
     /* Entries must be tuples or lists: their items are read in place. */
@@ -266,24 +245,85 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = PySequence_Fast_GET_ITEM(sources, i);
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(entry); k++) {
+            if (index_in(PySequence_Fast_GET_ITEM(entry, k), 0, i, "a source", i,
+                         &graph->sources[graph->offset[i] + k]) < 0)
+                goto done;
+        }
+    }
+    status = 0;
+done:
+    Py_DECREF(sources);
+    return status;
+}
+
+/* Reads and checks the structure, and computes every node's depth: 1 + the
+ * deepest source, where nodes that are not scheduled add nothing.  The
+ * sources of a BatchGraph (describe_graph's Sources view) are copied from
+ * its arrays; any other sequence of tuples is read item by item.  Nothing
+ * here runs Python code once the sequences are made. */
+static int
+structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
+               Py_ssize_t type_count)
+{
+    memset(graph, 0, sizeof(*graph));
+    PyObject *type_of = PySequence_Fast(type_of_arg, "type_of must be a sequence");
+    if (type_of == NULL)
+        return -1;
+    int status = -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(type_of);
+    if (type_count < 0) {
+        PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
+        goto done;
+    }
+    graph->count = count;
+    graph->type_count = type_count;
+    graph->type_of = PyMem_New(Py_ssize_t, count + 1);
+    graph->offset = PyMem_New(Py_ssize_t, count + 1);
+    graph->depth = PyMem_New(Py_ssize_t, count + 1);
+    if (graph->type_of == NULL || graph->offset == NULL || graph->depth == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    OperandTable *table = sources_table(sources_arg);
+    if (table != NULL) {
+        if (table->count != count) {
+            PyErr_Format(PyExc_ValueError, "type_of has %zd nodes but sources "
+                         "has %zd", count, table->count);
+            goto done;
+        }
+        Py_ssize_t total = table->source_first[count];
+        graph->sources = PyMem_New(Py_ssize_t, total + 1);
+        if (graph->sources == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(graph->offset, table->source_first, (count + 1) * sizeof(Py_ssize_t));
+        memcpy(graph->sources, table->sources, total * sizeof(Py_ssize_t));
+    }
+    else if (sources_read(graph, sources_arg) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
         if (index_in(PySequence_Fast_GET_ITEM(type_of, i), -1, type_count,
                      "the type", i, &graph->type_of[i]) < 0)
             goto done;
-        PyObject *entry = PySequence_Fast_GET_ITEM(sources, i);
-        Py_ssize_t *out = graph->sources + graph->offset[i], deepest = 0;
-        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(entry); k++) {
-            if (index_in(PySequence_Fast_GET_ITEM(entry, k), 0, i,
-                         "a source", i, &out[k]) < 0)
+        Py_ssize_t deepest = 0;
+        for (Py_ssize_t k = graph->offset[i]; k < graph->offset[i + 1]; k++) {
+            Py_ssize_t source = graph->sources[k];
+            if (source < 0 || source >= i) {
+                PyErr_Format(PyExc_ValueError, "a source of node %zd is %zd, not "
+                             "in [0, %zd)", i, source, i);
                 goto done;
-            if (graph->depth[out[k]] > deepest)
-                deepest = graph->depth[out[k]];
+            }
+            if (graph->depth[source] > deepest)
+                deepest = graph->depth[source];
         }
         graph->depth[i] = deepest + (graph->type_of[i] >= 0);
     }
     status = 0;
 done:
     Py_DECREF(type_of);
-    Py_DECREF(sources);
     if (status < 0)
         structure_free(graph);
     return status;
@@ -1203,13 +1243,13 @@ same_work(WorkTable *work, Py_ssize_t type, Py_ssize_t index, IdentArray *idents
     return index;
 }
 
-/* One scheduled node's operands and sources, and its signature's parts and
- * identity (appended to ``parts`` and ``idents``, which start empty). */
+/* One scheduled node's operands and sources (pushed to ``table``), and its
+ * signature's parts and identity (appended to ``parts`` and ``idents``,
+ * which start empty). */
 static int
 describe_node(Describe *d, Node *node, const IdMap *index_of,
               const Py_ssize_t *duplicate_of, PyObject *index_positions,
-              PartArray *parts, IdentArray *idents,
-              PyObject **operands_out, PyObject **sources_out)
+              PartArray *parts, IdentArray *idents, OperandTable *table)
 {
     PyObject *attrs = node->attrs;
     if (attrs == NULL || !PyTuple_Check(attrs)) {
@@ -1222,13 +1262,6 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
     PyObject *operand = NULL;
     Py_INCREF(attrs);
     Py_ssize_t count = node->input_count;
-    PyObject *operands = PyList_New(count);
-    Py_ssize_t *sources = PyMem_New(Py_ssize_t, count + 1), source_count = 0;
-    if (operands == NULL || sources == NULL) {
-        if (sources == NULL)
-            PyErr_NoMemory();
-        goto fail;
-    }
     for (Py_ssize_t position = 0; position < count; position++) {
         if (node->input_count != count) {
             PyErr_Format(PyExc_RuntimeError, "node %lld: inputs replaced while "
@@ -1236,12 +1269,12 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             goto fail;
         }
         Py_XSETREF(operand, Py_NewRef(node_input(node, position)));
-        PyObject *described = NULL;
         int pushed;
         if (Py_IS_TYPE(operand, node_type)) {
             Node *source = (Node *)operand;
             Py_ssize_t index = idmap_get(index_of, source->id);
             PyObject *pick = Py_None;
+            Py_ssize_t pick_number = -1;
             if (source->row == d->access_row && index >= 0) {
                 /* Read the picked output of the multi-output node. */
                 if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
@@ -1250,6 +1283,13 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                     goto fail;
                 }
                 pick = PyTuple_GET_ITEM(source->attrs, 0);
+                pick_number = PyLong_Check(pick) ? PyLong_AsSsize_t(pick) : -1;
+                if (pick_number < 0) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_TypeError, "an access node's output "
+                                        "must be a non-negative int");
+                    goto fail;
+                }
                 source = (Node *)node_input(source, 0);
                 index = idmap_get(index_of, source->id);
                 if (index < 0) {
@@ -1259,11 +1299,8 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             }
             if (index >= 0) {
                 index = duplicate_of[index];
-                Py_ssize_t k = 0;
-                while (k < source_count && sources[k] != index)
-                    k++;
-                if (k == source_count)
-                    sources[source_count++] = index;
+                if (operand_table_add_source(table, index) < 0)
+                    goto fail;
             }
             if (source->spec == NULL) {
                 PyErr_SetString(PyExc_AttributeError, "an operand node has no spec");
@@ -1277,7 +1314,8 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                     ? ident_push(idents, IDENT_INDEX, index, Py_NewRef(pick))
                     : ident_push(idents, IDENT_ADDRESS, 0, Py_NewRef(source));
             if (pushed == 0)
-                described = node_operand_new(index, pick, (PyObject *)source);
+                pushed = operand_table_push(table, index >= 0 ? index : OPERAND_EARLIER,
+                                            pick_number, (PyObject *)source);
         }
         else {
             int kind = operand_kind(d, operand);
@@ -1322,33 +1360,17 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                 }
             }
             if (pushed == 0)
-                described = Py_NewRef(operand);
+                pushed = operand_table_push(table, OPERAND_VALUE, -1, operand);
         }
-        if (described == NULL)
+        if (pushed < 0)
             goto fail;
-        PyList_SET_ITEM(operands, position, described);
     }
-    *sources_out = PyTuple_New(source_count);
-    if (*sources_out == NULL)
-        goto fail;
-    for (Py_ssize_t k = 0; k < source_count; k++) {
-        PyObject *number = PyLong_FromSsize_t(sources[k]);
-        if (number == NULL) {
-            Py_CLEAR(*sources_out);
-            goto fail;
-        }
-        PyTuple_SET_ITEM(*sources_out, k, number);
-    }
-    PyMem_Free(sources);
     Py_XDECREF(operand);
     Py_DECREF(attrs);
-    *operands_out = operands;
     return 0;
 fail:
-    PyMem_Free(sources);
     Py_XDECREF(operand);
     Py_DECREF(attrs);
-    Py_XDECREF(operands);
     return -1;
 }
 
@@ -1381,8 +1403,9 @@ PyDoc_STRVAR(describe_graph_doc,
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
 "BatchGraph's loop over its nodes (see batch/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
-"shared_operand, duplicates), ``duplicates`` counting the nodes whose work\n"
-"an earlier node does.");
+"shared_operand, duplicates): ``operands`` an OperandTable, ``sources`` its\n"
+"Sources view, ``duplicates`` counting the nodes whose work an earlier node\n"
+"does.");
 
 static PyObject *
 describe_graph(PyObject *module, PyObject *args)
@@ -1414,7 +1437,7 @@ describe_graph(PyObject *module, PyObject *args)
     IdentArray idents = {0};
     Py_ssize_t *type_of = PyMem_New(Py_ssize_t, count + 1);
     Py_ssize_t *duplicate_of = PyMem_New(Py_ssize_t, count + 1);
-    PyObject *operands = PyList_New(count), *sources = PyList_New(count);
+    OperandTable *table = operand_table_new(count);
     PyObject *signatures = PyList_New(0), *shared_operand = PyList_New(0);
     PyObject *result = NULL;
     d.row_cache = PyDict_New();
@@ -1424,7 +1447,7 @@ describe_graph(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (operands == NULL || sources == NULL || signatures == NULL
+    if (table == NULL || signatures == NULL
             || shared_operand == NULL || d.row_cache == NULL
             || d.kind_cache == NULL || d.str_shared == NULL
             || idmap_init(&index_of, nodes) < 0
@@ -1455,20 +1478,14 @@ describe_graph(PyObject *module, PyObject *args)
             }
             else
                 idmap_put(&index_of, node->id, index);
-            PyObject *operand = node_operand_new(source_index, Py_None, source);
+            int failed = operand_table_push(table, source_index >= 0 ? source_index
+                                            : OPERAND_EARLIER, -1, source) < 0
+                || (source_index >= 0
+                    && operand_table_add_source(table, duplicate_of[source_index]) < 0)
+                || operand_table_end_node(table) < 0;
             Py_DECREF(source);
-            PyObject *list = operand == NULL ? NULL : PyList_New(1);
-            if (list == NULL) {
-                Py_XDECREF(operand);
+            if (failed)
                 goto done;
-            }
-            PyList_SET_ITEM(list, 0, operand);
-            PyList_SET_ITEM(operands, index, list);
-            PyObject *from = source_index < 0 ? PyTuple_New(0)
-                : Py_BuildValue("(n)", duplicate_of[source_index]);
-            if (from == NULL)
-                goto done;
-            PyList_SET_ITEM(sources, index, from);
             type_of[index] = -1;
             duplicate_of[index] = index;
             continue;
@@ -1477,13 +1494,10 @@ describe_graph(PyObject *module, PyObject *args)
         PyObject *entry = row_entry(&d, node->row);
         if (entry == NULL)
             goto done;
-        PyObject *node_operands, *node_sources;
         if (describe_node(&d, node, &index_of, duplicate_of,
-                          PyTuple_GET_ITEM(entry, 0), &parts, &idents,
-                          &node_operands, &node_sources) < 0)
+                          PyTuple_GET_ITEM(entry, 0), &parts, &idents, table) < 0
+                || operand_table_end_node(table) < 0)
             goto done;
-        PyList_SET_ITEM(operands, index, node_operands);
-        PyList_SET_ITEM(sources, index, node_sources);
         int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(entry, 1));
         if (own < 0)
             goto done;
@@ -1504,11 +1518,13 @@ describe_graph(PyObject *module, PyObject *args)
         duplicates += duplicate_of[index] != index;
     PyObject *type_list = int_list(type_of, count);
     PyObject *duplicate_list = int_list(duplicate_of, count);
-    if (type_list != NULL && duplicate_list != NULL)
-        result = Py_BuildValue("(OOOOOOn)", type_list, duplicate_list, operands,
+    PyObject *sources = PyObject_GetAttrString((PyObject *)table, "sources");
+    if (type_list != NULL && duplicate_list != NULL && sources != NULL)
+        result = Py_BuildValue("(OOOOOOn)", type_list, duplicate_list, table,
                                sources, signatures, shared_operand, duplicates);
     Py_XDECREF(type_list);
     Py_XDECREF(duplicate_list);
+    Py_XDECREF(sources);
 done:
     parts_release(&parts, 0);
     idents_release(&idents, 0);
@@ -1519,8 +1535,7 @@ done:
     idmap_free(&index_of);
     PyMem_Free(type_of);
     PyMem_Free(duplicate_of);
-    Py_XDECREF(operands);
-    Py_XDECREF(sources);
+    Py_XDECREF(table);
     Py_XDECREF(signatures);
     Py_XDECREF(shared_operand);
     Py_XDECREF(d.row_cache);

@@ -105,6 +105,44 @@ is_node_operand(PyObject *object)
 /* A new NodeOperand (a new reference, or NULL with an exception set). */
 PyObject *node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node);
 
+/* operands.c: a BatchGraph's operands and sources as arrays, filled by
+ * describe_graph node by node: node i's operands are items[first[i] ..
+ * first[i + 1]), its sources (the canonical graph indices it reads, each
+ * once) sources[source_first[i] .. source_first[i + 1]). */
+enum { OPERAND_EARLIER = -1, OPERAND_VALUE = -2 };
+typedef struct {
+    Py_ssize_t index;   /* the node's graph index (a duplicate's original),
+                           OPERAND_EARLIER: a node evaluated before, or
+                           OPERAND_VALUE: no node, a foreign value */
+    Py_ssize_t pick;    /* the output read of a multi-output node, or -1 */
+    PyObject *object;   /* the node (an access node's source), or the value */
+} Operand;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count, capacity;             /* nodes described, and room */
+    Py_ssize_t *first, *source_first;       /* count + 1 each */
+    Operand *items;
+    Py_ssize_t item_count, item_capacity;
+    Py_ssize_t *sources;
+    Py_ssize_t source_count, source_capacity;
+    PyObject **lists, **tuples;             /* what Python was given, per node */
+} OperandTable;
+
+extern PyTypeObject *operand_table_type;
+
+/* A new table with room for ``count`` nodes (NULL with an exception set).
+ * The node being described is number ``count``: push its operands (the
+ * table takes a reference to ``object``) and add its sources, then end it. */
+OperandTable *operand_table_new(Py_ssize_t count);
+int operand_table_push(OperandTable *table, Py_ssize_t index, Py_ssize_t pick,
+                       PyObject *object);
+int operand_table_add_source(OperandTable *table, Py_ssize_t source);
+int operand_table_end_node(OperandTable *table);
+/* The table of a Sources view (``table.sources``), or NULL for anything else. */
+OperandTable *sources_table(PyObject *object);
+int add_operand_types(PyObject *module);
+
 /* _native.c: the spec of a non-empty list of Python ints (a new
  * reference), or NULL: with an exception set on failure, else the operand
  * is no such list. */

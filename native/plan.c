@@ -3,9 +3,9 @@
  * nodes of an evaluation, which in Python cost more than the compiled
  * program's own forward at a batch of 256 trees.
  *
- * Everything here reads a BatchGraph's lists (type_of, duplicate_of,
- * operands) and the nodes; indices are checked, so bad input raises rather
- * than reading out of bounds.  Arrays go back to Python as bytes of native
+ * Everything here reads a BatchGraph's lists (type_of, duplicate_of), its
+ * OperandTable (operands.c) and the nodes; indices are checked, so bad
+ * input raises rather than reading out of bounds.  Arrays go back to Python as bytes of native
  * int32 (read with numpy.frombuffer). */
 
 #include "containers.h"
@@ -57,35 +57,23 @@ int_array(PyObject *list, Py_ssize_t count, Py_ssize_t low, Py_ssize_t high,
     return items;
 }
 
-/* Operand ``position`` of node ``index``: operands[index][position]. */
-static PyObject *
-operand_at(PyObject *operands, Py_ssize_t index, Py_ssize_t position)
+/* Operand ``position`` of graph node ``index``, with its index checked to
+ * be in the graph (or OPERAND_EARLIER, OPERAND_VALUE). */
+static const Operand *
+operand_at(OperandTable *table, Py_ssize_t index, Py_ssize_t position)
 {
-    PyObject *row = PyList_GET_ITEM(operands, index);
-    if (!PyList_Check(row) || position >= PyList_GET_SIZE(row)) {
+    Py_ssize_t first = table->first[index];
+    if (position < 0 || position >= table->first[index + 1] - first) {
         PyErr_Format(PyExc_ValueError, "node %zd has no operand %zd", index, position);
         return NULL;
     }
-    return PyList_GET_ITEM(row, position);
-}
-
-/* A NodeOperand's graph index (-1: evaluated earlier) and pick (-1: the
- * whole node). */
-static int
-node_operand_fields(PyObject *operand, Py_ssize_t count, Py_ssize_t *index,
-                    Py_ssize_t *pick)
-{
-    NodeOperand *fields = (NodeOperand *)operand;
-    if (fields->index < -1 || fields->index >= count) {
-        PyErr_Format(PyExc_ValueError, "a NodeOperand's index %zd is out of range",
-                     fields->index);
-        return -1;
+    const Operand *operand = &table->items[first + position];
+    if (operand->index < OPERAND_VALUE || operand->index >= table->count) {
+        PyErr_Format(PyExc_ValueError, "an operand's index %zd is out of range",
+                     operand->index);
+        return NULL;
     }
-    *index = fields->index;
-    *pick = -1;
-    if (fields->pick == Py_None)
-        return 0;
-    return int_in(fields->pick, 0, PY_SSIZE_T_MAX, "a NodeOperand's pick", pick);
+    return operand;
 }
 
 /* How many outputs a node has: a multi-output node's spec is a tuple of
@@ -119,9 +107,10 @@ access_number(Node *node, Py_ssize_t *number)
 }
 
 /* The graph's lists, checked: nodes are VirtualNodes, type_of and
- * duplicate_of ints in range, operands a list per node. */
+ * duplicate_of ints in range, operands the graph's OperandTable. */
 typedef struct {
-    PyObject *nodes, *operands, *access_row;
+    PyObject *nodes, *access_row;
+    OperandTable *operands;
     Py_ssize_t count, type_count;
     Py_ssize_t *type_of, *duplicate_of;
 } Graph;
@@ -143,10 +132,10 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
         PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
         return -1;
     }
-    if (!PyList_Check(nodes) || !PyList_Check(operands)
-            || PyList_GET_SIZE(operands) != PyList_GET_SIZE(nodes)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "nodes and operands must be lists of one length");
+    if (!PyList_Check(nodes) || !Py_IS_TYPE(operands, operand_table_type)
+            || ((OperandTable *)operands)->count != PyList_GET_SIZE(nodes)) {
+        PyErr_SetString(PyExc_ValueError, "nodes must be a list and operands "
+                        "its graph's OperandTable");
         return -1;
     }
     graph->count = PyList_GET_SIZE(nodes);
@@ -157,7 +146,7 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
         }
     }
     graph->nodes = nodes;
-    graph->operands = operands;
+    graph->operands = (OperandTable *)operands;
     graph->access_row = access_row;
     graph->type_count = type_count;
     graph->type_of = int_array(type_of, graph->count, -1, type_count, "type_of");
@@ -182,15 +171,15 @@ graph_node(Graph *graph, Py_ssize_t index)
 static int
 access_source(Graph *graph, Py_ssize_t index, Py_ssize_t *source)
 {
-    PyObject *operand = operand_at(graph->operands, index, 0);
-    Py_ssize_t pick;
+    const Operand *operand = operand_at(graph->operands, index, 0);
     if (operand == NULL)
         return -1;
-    if (!is_node_operand(operand)) {
+    if (operand->index == OPERAND_VALUE) {
         PyErr_Format(PyExc_TypeError, "access node %zd reads no node", index);
         return -1;
     }
-    return node_operand_fields(operand, graph->count, source, &pick);
+    *source = operand->index;
+    return 0;
 }
 
 static PyObject *
@@ -263,20 +252,13 @@ read_outputs(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < graph.count; i++) {
         if (graph.type_of[i] < 0)
             continue;   /* a duplicate reads what its original reads */
-        PyObject *row = PyList_GET_ITEM(graph.operands, i);
-        if (!PyList_Check(row)) {
-            PyErr_Format(PyExc_TypeError, "operands[%zd] is not a list", i);
-            goto done;
-        }
-        for (Py_ssize_t p = 0; p < PyList_GET_SIZE(row); p++) {
-            PyObject *operand = PyList_GET_ITEM(row, p);
-            Py_ssize_t index, pick;
-            if (!is_node_operand(operand))
-                continue;
-            if (node_operand_fields(operand, graph.count, &index, &pick) < 0)
+        OperandTable *table = graph.operands;
+        for (Py_ssize_t p = 0; p < table->first[i + 1] - table->first[i]; p++) {
+            const Operand *operand = operand_at(table, i, p);
+            if (operand == NULL)
                 goto done;
-            if (index >= 0)
-                MARK(graph.type_of[index], pick < 0 ? 0 : pick);
+            if (operand->index >= 0)
+                MARK(graph.type_of[operand->index], operand->pick < 0 ? 0 : operand->pick);
         }
     }
     Py_ssize_t required_count = PySet_GET_SIZE(required);
@@ -534,22 +516,21 @@ fill(PyObject *module, PyObject *args)
             Py_ssize_t buffer = kind->operand_buffers[p];
             for (Py_ssize_t j = 0; j < size; j++) {
                 Py_ssize_t index = members[j];
-                PyObject *operand = operand_at(graph.operands, index, kind->positions[p]);
+                const Operand *operand = operand_at(graph.operands, index,
+                                                    kind->positions[p]);
                 if (operand == NULL)
                     goto done;
-                Py_ssize_t source, pick, row = 0;
+                Py_ssize_t source = operand->index, pick = operand->pick, row = 0;
                 int is_pending = 0, is_node = 0;
                 Py_ssize_t number = 0;
-                if (!is_node_operand(operand)) {   /* a Python list or array */
+                if (source == OPERAND_VALUE) {   /* a Python list or array */
                     PyObject *values = PyList_GET_ITEM(input_values, buffer);
                     number = PyList_GET_SIZE(values);
-                    if (PyList_Append(values, operand) < 0)
+                    if (PyList_Append(values, operand->object) < 0)
                         goto done;
                     is_pending = 1;
                 }
                 else {
-                    if (node_operand_fields(operand, count, &source, &pick) < 0)
-                        goto done;
                     if (source >= 0) {
                         Py_ssize_t slot = where[source];
                         if (slot >= 0 && pick >= 0) {
@@ -568,7 +549,7 @@ fill(PyObject *module, PyObject *args)
                         row = slots.items[2 * slot + 1];
                     }
                     else {   /* evaluated earlier: an input */
-                        PyObject *earlier = Py_NewRef(((NodeOperand *)operand)->node);
+                        PyObject *earlier = Py_NewRef(operand->object);
                         PyObject *known = PyDict_GetItemWithError(input_number, earlier);
                         if (known != NULL) {
                             number = PyLong_AsSsize_t(known);
@@ -733,7 +714,7 @@ write_back(PyObject *module, PyObject *args)
     PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
              *access_row;
     if (!PyArg_ParseTuple(args, "O!O!SSSO!O:write_back", &PyList_Type, &nodes,
-                          &PyList_Type, &operands, &where_bytes, &outputs_bytes,
+                          operand_table_type, &operands, &where_bytes, &outputs_bytes,
                           &slots_bytes, &PyList_Type, &buffers, &access_row))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(nodes);
@@ -745,7 +726,7 @@ write_back(PyObject *module, PyObject *args)
         : int32_view(slots_bytes, 2 * slot_count, "slots");
     if (slots == NULL)
         return NULL;
-    if (PyList_GET_SIZE(operands) != count) {
+    if (((OperandTable *)operands)->count != count) {
         PyErr_SetString(PyExc_ValueError, "write_back: operands must match nodes");
         return NULL;
     }
@@ -766,7 +747,8 @@ write_back(PyObject *module, PyObject *args)
             }
         }
     }
-    Graph graph = {.nodes = nodes, .operands = operands, .access_row = access_row,
+    Graph graph = {.nodes = nodes, .operands = (OperandTable *)operands,
+                   .access_row = access_row,
                    .count = count};
     PyObject *results = PyList_New(0);
     if (results == NULL)

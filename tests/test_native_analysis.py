@@ -454,8 +454,9 @@ def reference_is_shared(operand, is_index):
 
 def assert_same_description(nodes):
     graph, reference = BatchGraph(nodes), ReferenceGraph(nodes)
-    for field in ("type_of", "duplicate_of", "sources", "signatures", "shared_operand"):
+    for field in ("type_of", "duplicate_of", "signatures", "shared_operand"):
         assert getattr(graph, field) == getattr(reference, field), field
+    assert list(graph.sources) == reference.sources
     assert graph.duplicates == sum(
         canonical != index for index, canonical in enumerate(reference.duplicate_of))
     assert len(graph.operands) == len(reference.operands)
@@ -523,7 +524,8 @@ def test_describe_graph_bad_input_raises_clean_errors():
         _native.describe_graph([1], *helpers)
     with pytest.raises(TypeError):
         _native.describe_graph([])
-    assert _native.describe_graph([], *helpers) == ([], [], [], [], [], [], 0)
+    empty = _native.describe_graph([], *helpers)
+    assert [list(part) for part in empty[:6]] == [[]] * 6 and empty[6] == 0
     odd = make_node(1, [])
     odd.row = tf.tanh(tensorflow.constant([1.0])).row
     odd.attrs = [2]                                    # not a tuple
@@ -539,3 +541,31 @@ def test_describe_graph_bad_input_raises_clean_errors():
     bad_kind = helpers[:2] + (lambda operand: 9,) + helpers[3:]
     with pytest.raises(ValueError):
         _native.describe_graph([node], *bad_kind)
+
+
+def test_operand_table_gives_python_the_same_lists_every_time():
+    """describe_graph keeps operands and sources as C arrays; Python's
+    ``operands[i]`` and ``sources[i]`` are made on request, once."""
+    x = tensorflow.constant(np.ones((2, 3), np.float32))
+    with tf.GradientTape():
+        a = tf.tanh(x)
+        b, c = tf.split(a * 2.0, [1, 2], axis=1)
+        nodes = unevaluated_ancestors([b + c[:, :1], a * 0.5])
+        graph = BatchGraph(nodes)
+    assert len(graph.operands) == len(graph.sources) == len(nodes)
+    for index in range(len(nodes)):
+        assert graph.operands[index] is graph.operands[index]
+        assert graph.sources[index] is graph.sources[index]
+        assert graph.sources[index] == tuple(sorted(set(graph.sources[index]),
+                                                    key=graph.sources[index].index))
+    picks = [operand.pick for row in graph.operands for operand in row
+             if isinstance(operand, NodeOperand)]
+    assert 0 in picks and 1 in picks and None in picks
+    assert any(operand is x for row in graph.operands for operand in row)
+    for sequence in (graph.operands, graph.sources):
+        with pytest.raises(IndexError):
+            sequence[len(nodes)]
+        assert len(list(sequence)) == len(nodes)
+    for native_type in (type(graph.operands), type(graph.sources)):
+        with pytest.raises(TypeError):
+            native_type()

@@ -277,15 +277,12 @@ def test_fill_of_bad_input_raises_clean_errors():
             (8, [0] * len(arguments[8]), ValueError)]:    # computed disagrees
         with pytest.raises(error):
             _native.fill(*broken(position, value))
-    # An operand naming a node outside the graph, or an output it lacks.
-    reader = next(index for index, row in enumerate(graph.operands)
-                  if any(type(operand) is NodeOperand and operand.index >= 0
-                         for operand in row))
-    for index, pick in [(count + 5, None), (0, 7)]:
-        operands = [list(row) for row in graph.operands]
-        position, operand = next((p, o) for p, o in enumerate(operands[reader])
-                                 if type(o) is NodeOperand)
-        operands[reader][position] = NodeOperand(index, pick, operand.node)
+    # Operands are the graph's own table (describe_graph's, whose indices
+    # are checked as they are read): lists of them, or another graph's
+    # table, are refused.
+    with tf.GradientTape():
+        other = BatchGraph(unevaluated_ancestors([tf.tanh(tensorflow.constant([1.0]))]))
+    for operands in ([list(row) for row in graph.operands], other.operands):
         with pytest.raises(ValueError):
             _native.fill(*broken(4, operands))
 
@@ -326,6 +323,7 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
             ((graph.nodes, graph.operands, where, outputs, slots[:-8], buffers), ValueError),
             ((graph.nodes, graph.operands, where, outputs, slots, []), ValueError),
             ((graph.nodes, graph.operands, where, outputs, "slots", buffers), TypeError),
+            ((graph.nodes, list(graph.operands), where, outputs, slots, buffers), TypeError),
             ((graph.nodes[:-1], graph.operands, where, outputs, slots, buffers), ValueError)]:
         with pytest.raises(error):
             _native.write_back(*arguments, ACCESS)

@@ -33,7 +33,9 @@ class BatchGraph:
     """Nodes to evaluate, in recording order, with what batching needs.
 
     ``nodes[i]`` is a VirtualNode; ``operands[i]`` lists, per operand, a
-    ``NodeOperand`` or the foreign value itself; ``type_of[i]`` is the node's
+    ``NodeOperand`` or the foreign value itself (``operands`` is a C table,
+    ``_native.OperandTable``: the passes after this one read its arrays, and
+    Python is given each node's list when it asks); ``type_of[i]`` is the node's
     type (an index into ``signatures``) or -1 for nodes that are not
     scheduled (duplicates and access nodes); ``duplicate_of[i]`` is the index
     whose value node i reuses, or i; ``duplicates`` counts the i for which
@@ -52,7 +54,8 @@ class BatchGraph:
         # keys, and access nodes of ops evaluated earlier.
         # ``shared_operand``, per type: which operand positions are shared;
         # ``sources``: in-graph operand nodes of each node (canonical
-        # indices), for the schedulers' dependency bookkeeping.
+        # indices), for the schedulers' dependency bookkeeping (a view of
+        # the operand table: a tuple per node when Python asks).
         (self.type_of, self.duplicate_of, self.operands, self.sources,
          self.signatures, self.shared_operand,
          self.duplicates) = _native.describe_graph(

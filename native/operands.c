@@ -1,0 +1,295 @@
+/* A BatchGraph's operands and sources as C arrays (issue 17).
+ *
+ * describe_graph (analysis.c) fills an OperandTable; the passes after it
+ * (the schedulers, plan.c's read_outputs, fill and write_back) read its
+ * arrays.  A 256-tree minibatch's graph has 65,000 nodes: a Python list of
+ * operands and a tuple of sources per node, with a NodeOperand per node
+ * operand, cost more to make and to free than those passes' own work.
+ * Python code that asks (the step-by-step executor, varying shapes, the
+ * FSM scheduler, statistics) still sees ``operands[i]``, a list of
+ * NodeOperands and foreign values, and ``sources[i]``, a tuple of graph
+ * indices: made on the first request and kept, so that every request for
+ * one node gives the same objects, as the lists of lists did.
+ *
+ * Not tracked by the cyclic collector: a table refers to nodes, foreign
+ * values (tensors, variables, Python values) and the lists made from them,
+ * none of which refers to a table. */
+#include "containers.h"
+
+PyTypeObject *operand_table_type;
+static PyTypeObject *sources_view_type;
+
+/* The sources view (``table.sources``): the same table, seen per node as
+ * the tuple of its sources. */
+typedef struct {
+    PyObject_HEAD
+    OperandTable *table;
+} SourcesView;
+
+OperandTable *
+operand_table_new(Py_ssize_t count)
+{
+    OperandTable *table = PyObject_New(OperandTable, operand_table_type);
+    if (table == NULL)
+        return NULL;
+    table->count = 0;
+    table->capacity = count;
+    table->items = NULL;
+    table->item_count = table->item_capacity = 0;
+    table->sources = NULL;
+    table->source_count = table->source_capacity = 0;
+    table->lists = table->tuples = NULL;
+    table->first = PyMem_New(Py_ssize_t, count + 1);
+    table->source_first = PyMem_New(Py_ssize_t, count + 1);
+    if (table->first == NULL || table->source_first == NULL) {
+        Py_DECREF(table);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    table->first[0] = table->source_first[0] = 0;
+    return table;
+}
+
+int
+operand_table_push(OperandTable *table, Py_ssize_t index, Py_ssize_t pick,
+                   PyObject *object)
+{
+    if (table->item_count == table->item_capacity
+            && array_grow((void **)&table->items, &table->item_capacity,
+                          sizeof(Operand)) < 0)
+        return -1;
+    table->items[table->item_count++] = (Operand){index, pick, Py_NewRef(object)};
+    return 0;
+}
+
+int
+operand_table_add_source(OperandTable *table, Py_ssize_t source)
+{
+    for (Py_ssize_t k = table->source_first[table->count]; k < table->source_count; k++)
+        if (table->sources[k] == source)
+            return 0;
+    if (table->source_count == table->source_capacity
+            && array_grow((void **)&table->sources, &table->source_capacity,
+                          sizeof(Py_ssize_t)) < 0)
+        return -1;
+    table->sources[table->source_count++] = source;
+    return 0;
+}
+
+int
+operand_table_end_node(OperandTable *table)
+{
+    if (table->count == table->capacity) {
+        PyErr_SetString(PyExc_RuntimeError, "an OperandTable got more nodes "
+                        "than it was made for");
+        return -1;
+    }
+    table->count++;
+    table->first[table->count] = table->item_count;
+    table->source_first[table->count] = table->source_count;
+    return 0;
+}
+
+static void
+operand_table_dealloc(PyObject *self)
+{
+    OperandTable *table = (OperandTable *)self;
+    PyTypeObject *type = Py_TYPE(self);
+    for (Py_ssize_t i = 0; i < table->item_count; i++)
+        Py_DECREF(table->items[i].object);
+    for (Py_ssize_t i = 0; table->lists != NULL && i < table->count; i++)
+        Py_XDECREF(table->lists[i]);
+    for (Py_ssize_t i = 0; table->tuples != NULL && i < table->count; i++)
+        Py_XDECREF(table->tuples[i]);
+    PyMem_Free(table->items);
+    PyMem_Free(table->sources);
+    PyMem_Free(table->first);
+    PyMem_Free(table->source_first);
+    PyMem_Free(table->lists);
+    PyMem_Free(table->tuples);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static Py_ssize_t
+operand_table_length(PyObject *self)
+{
+    return ((OperandTable *)self)->count;
+}
+
+/* A per-node cache of Python objects, allocated on the first request. */
+static PyObject **
+made_slot(PyObject ***made, Py_ssize_t count, Py_ssize_t index)
+{
+    if (*made == NULL) {
+        *made = PyMem_Calloc(count + 1, sizeof(PyObject *));
+        if (*made == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return &(*made)[index];
+}
+
+static int
+index_check(Py_ssize_t index, Py_ssize_t count)
+{
+    if (index < 0 || index >= count) {
+        PyErr_SetString(PyExc_IndexError, "graph index out of range");
+        return -1;
+    }
+    return 0;
+}
+
+/* ``operands[index]``: NodeOperands for nodes, foreign values as they are. */
+static PyObject *
+operand_table_item(PyObject *self, Py_ssize_t index)
+{
+    OperandTable *table = (OperandTable *)self;
+    if (index_check(index, table->count) < 0)
+        return NULL;
+    PyObject **slot = made_slot(&table->lists, table->count, index);
+    if (slot == NULL)
+        return NULL;
+    if (*slot != NULL)
+        return Py_NewRef(*slot);
+    Py_ssize_t first = table->first[index], count = table->first[index + 1] - first;
+    PyObject *list = PyList_New(count);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t p = 0; p < count; p++) {
+        const Operand *operand = &table->items[first + p];
+        PyObject *item;
+        if (operand->index == OPERAND_VALUE) {
+            item = Py_NewRef(operand->object);
+        }
+        else {
+            PyObject *pick = operand->pick < 0 ? Py_NewRef(Py_None)
+                                               : PyLong_FromSsize_t(operand->pick);
+            item = pick == NULL ? NULL
+                : node_operand_new(operand->index, pick, operand->object);
+            Py_XDECREF(pick);
+        }
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, p, item);
+    }
+    *slot = Py_NewRef(list);
+    return list;
+}
+
+static PyObject *
+operand_table_sources(PyObject *self, void *unused)
+{
+    SourcesView *view = PyObject_New(SourcesView, sources_view_type);
+    if (view != NULL)
+        view->table = (OperandTable *)Py_NewRef(self);
+    return (PyObject *)view;
+}
+
+static PyGetSetDef operand_table_getset[] = {
+    {"sources", operand_table_sources, NULL,
+     "per node, the tuple of the graph indices it reads (canonical: a "
+     "duplicate's original), for the schedulers", NULL},
+    {NULL},
+};
+
+static PyType_Slot operand_table_slots[] = {
+    {Py_tp_dealloc, operand_table_dealloc},
+    {Py_sq_length, operand_table_length},
+    {Py_sq_item, operand_table_item},
+    {Py_tp_getset, operand_table_getset},
+    {Py_tp_doc, "A BatchGraph's operands (made by describe_graph): "
+                "operands[i] lists node i's operands, a NodeOperand for each "
+                "recorded node, foreign values as they are."},
+    {0, NULL},
+};
+
+static PyType_Spec operand_table_spec = {
+    .name = "subgraphjit._native.OperandTable",
+    .basicsize = sizeof(OperandTable),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = operand_table_slots,
+};
+
+/* -- the sources view ------------------------------------------------------- */
+
+static void
+sources_view_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    Py_DECREF(((SourcesView *)self)->table);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static Py_ssize_t
+sources_view_length(PyObject *self)
+{
+    return ((SourcesView *)self)->table->count;
+}
+
+static PyObject *
+sources_view_item(PyObject *self, Py_ssize_t index)
+{
+    OperandTable *table = ((SourcesView *)self)->table;
+    if (index_check(index, table->count) < 0)
+        return NULL;
+    PyObject **slot = made_slot(&table->tuples, table->count, index);
+    if (slot == NULL)
+        return NULL;
+    if (*slot != NULL)
+        return Py_NewRef(*slot);
+    Py_ssize_t first = table->source_first[index];
+    Py_ssize_t count = table->source_first[index + 1] - first;
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *number = PyLong_FromSsize_t(table->sources[first + k]);
+        if (number == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, k, number);
+    }
+    *slot = Py_NewRef(tuple);
+    return tuple;
+}
+
+static PyType_Slot sources_view_slots[] = {
+    {Py_tp_dealloc, sources_view_dealloc},
+    {Py_sq_length, sources_view_length},
+    {Py_sq_item, sources_view_item},
+    {Py_tp_doc, "An OperandTable's sources: sources[i] is the tuple of the "
+                "graph indices node i reads."},
+    {0, NULL},
+};
+
+static PyType_Spec sources_view_spec = {
+    .name = "subgraphjit._native.Sources",
+    .basicsize = sizeof(SourcesView),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = sources_view_slots,
+};
+
+OperandTable *
+sources_table(PyObject *object)
+{
+    return Py_IS_TYPE(object, sources_view_type) ? ((SourcesView *)object)->table : NULL;
+}
+
+int
+add_operand_types(PyObject *module)
+{
+    operand_table_type = (PyTypeObject *)PyType_FromSpec(&operand_table_spec);
+    sources_view_type = (PyTypeObject *)PyType_FromSpec(&sources_view_spec);
+    if (operand_table_type == NULL || sources_view_type == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(module, "OperandTable", (PyObject *)operand_table_type) < 0
+            || PyModule_AddObjectRef(module, "Sources", (PyObject *)sources_view_type) < 0)
+        return -1;
+    return 0;
+}
