@@ -52,8 +52,9 @@ def evaluate(targets, required=None, forced_by=None):
     ``forced_by``: the read that asked for a value before its time, as
     ``forced.forced_site`` describes it.
     """
-    nodes = unevaluated_ancestors(targets)
-    if not nodes:
+    targets = targets if type(targets) in (list, tuple) else list(targets)
+    if not any(type(target) is VirtualNode and target.result is None
+               and target.batch is None for target in targets):
         return
     # An instance of tf.batching.map waits for its map's next round instead.
     if concurrent.running and concurrent.suspend(targets, required, forced_by):
@@ -71,9 +72,12 @@ def evaluate(targets, required=None, forced_by=None):
     collector_was_on = gc.isenabled()
     gc.disable()
     try:
+        # (With patterns, the search walks the graph from the targets; the
+        # unevaluated ancestors are found only when it needs them.)
         if context.parameters["granularity"] != "op":
-            nodes = search.optimize(nodes, targets,
-                                    targets if required is None else required)
+            nodes = search.optimize(targets, targets if required is None else required)
+        else:
+            nodes = unevaluated_ancestors(targets)
         context.session += 1
         before = context.stats() if context.parameters["debug"] else None
         launches = _run(nodes, targets if required is None else required,

@@ -44,6 +44,10 @@ from .patch.node import VirtualNode
 from .patch.record import ACCESS
 from .signature import Signer, Template, has_value_operand
 
+# Every unevaluated node the targets depend on, in recording order (C:
+# native/analysis.c).
+unevaluated_ancestors = _native.unevaluated_ancestors
+
 
 class PatternSearch:
     """Collection statistics and frequent patterns, across evaluations."""
@@ -66,11 +70,12 @@ class PatternSearch:
         # and inference can prefer different units).
         self.trials = {mode: Trial(mode) for mode in ("training", "inference")}
 
-    def optimize(self, nodes, targets, required):
+    def optimize(self, targets, required):
         """Collect from, or replace patterns in, the nodes of one evaluation
-        (in recording order: the unevaluated ancestors of ``targets``, of
-        which ``required`` must get values); returns the nodes left to run,
-        in order."""
+        (the unevaluated ancestors of ``targets``, of which ``required``
+        must get values); returns the nodes left to run, in recording
+        order.  Replacement walks the graph itself: the ancestors are
+        listed (a walk of every node) only to collect, or to run ops."""
         parameters = context.parameters
         settings = (parameters["depth"], parameters["equivalence"],
                     parameters["freq"], parameters["collect"])
@@ -83,8 +88,10 @@ class PatternSearch:
             for trial in self.trials.values():
                 trial.stop(now)
             trial = self.trials["training" if context.tapes else "inference"]
-            if trial.unit(len(nodes), parameters["compile"], now) == "op":
-                return nodes   # (before any work: every evaluation passes here)
+            if context.granularity_chosen.get(trial.mode) != "subgraph":
+                nodes = unevaluated_ancestors(targets)
+                if trial.unit(len(nodes), parameters["compile"], now) == "op":
+                    return nodes   # (before any work: every evaluation passes here)
         depth, level = settings[0], settings[1]
         required = {node.id for node in required if type(node) is VirtualNode}
         # Roots: what nothing else consumes, and what the caller asked for.
@@ -93,6 +100,7 @@ class PatternSearch:
         roots = _native.search_roots(targets, required)
         signer = Signer(level, for_patterns=True, required=required)
         if context.patterns is None:  # stage 1
+            nodes = unevaluated_ancestors(targets)
             self._collect(roots, signer, depth)
             self.minibatches += 1
             self.inputs += len(roots)
@@ -282,10 +290,10 @@ def _enqueue(operands, reached, queue):
 SEARCH = PatternSearch()
 
 
-def optimize(nodes, targets, required):
+def optimize(targets, required):
     """Stage 1 or 2 on one evaluation's nodes, timed for the statistics."""
     started = time.perf_counter()
     try:
-        return SEARCH.optimize(nodes, targets, required)
+        return SEARCH.optimize(targets, required)
     finally:
         context.search_seconds += time.perf_counter() - started

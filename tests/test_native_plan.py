@@ -162,7 +162,7 @@ def recorded_graph(name, seed, granularity, parameters, required_count=0):
     nodes = unevaluated_ancestors(losses + [hanging])
     if granularity == "subgraph":
         from subgraphjit import search
-        nodes = search.optimize(nodes, losses + [hanging], losses)
+        nodes = search.optimize(losses + [hanging], losses)
     graph = BatchGraph(nodes)
     batches = schedule(graph, SCHEDULERS["agenda"]())
     required = [node for node in graph.nodes[::7]][:required_count]
