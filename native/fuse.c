@@ -92,94 +92,160 @@ feeds(Node *node, Node *producer)
 }
 
 /* Where each argument of ``consumer`` comes from once joined to
- * ``producer`` (a tuple of ("output", i) and ("argument", place)), with the
- * arguments it adds appended to ``extras``; Py_None if joining would make
- * the pair wait for something the producer does not. */
-static PyObject *
-wiring_of(Node *consumer, Node *producer, PyObject *access_row, PyObject *extras)
+ * ``producer``, as codes: -(k + 1) for the producer's output k, else the
+ * argument's place among the pair's (the producer's arguments, then the
+ * consumer's own, which are appended to ``extras``, borrowed).  1 if
+ * joinable, 0 if joining would make the pair wait for something the
+ * producer does not, -1 with an exception set. */
+static int
+wiring_codes(Node *consumer, Node *producer, PyObject *access_row,
+             Py_ssize_t *codes, PtrArray *extras)
 {
-    Py_ssize_t count = consumer->input_count;
     Py_ssize_t arguments = producer->input_count;
-    PyObject *wiring = PyTuple_New(count);
-    if (wiring == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (Py_ssize_t i = 0; i < consumer->input_count; i++) {
         PyObject *operand = node_input(consumer, i);
-        PyObject *entry = NULL;
         if (is_node(operand) && ((Node *)operand)->row == access_row
                 && ((Node *)operand)->input_count > 0
                 && node_input((Node *)operand, 0) == (PyObject *)producer) {
             PyObject *attrs = ((Node *)operand)->attrs;
-            if (!PyTuple_Check(attrs) || PyTuple_GET_SIZE(attrs) < 1) {
-                PyErr_SetString(PyExc_ValueError, "a malformed access node");
-                Py_DECREF(wiring);
-                return NULL;
+            Py_ssize_t output = -1;
+            if (PyTuple_Check(attrs) && PyTuple_GET_SIZE(attrs) >= 1
+                    && PyLong_Check(PyTuple_GET_ITEM(attrs, 0)))
+                output = PyLong_AsSsize_t(PyTuple_GET_ITEM(attrs, 0));
+            if (output < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "a malformed access node");
+                return -1;
             }
-            entry = PyTuple_Pack(2, str_output, PyTuple_GET_ITEM(attrs, 0));
+            codes[i] = -(output + 1);
+            continue;
         }
-        else {
-            Py_ssize_t place = 0;
-            while (place < arguments && node_input(producer, place) != operand)
-                place++;
-            if (place == arguments) {
-                if (is_node(operand) && unevaluated((Node *)operand)
-                        && !feeds((Node *)operand, producer)) {
-                    Py_DECREF(wiring);
-                    Py_RETURN_NONE;
-                }
-                place = arguments + PyList_GET_SIZE(extras);
-                if (PyList_Append(extras, operand) < 0) {
-                    Py_DECREF(wiring);
-                    return NULL;
-                }
-            }
-            entry = Py_BuildValue("(On)", str_argument, place);
+        Py_ssize_t place = 0;
+        while (place < arguments && node_input(producer, place) != operand)
+            place++;
+        if (place == arguments) {
+            if (is_node(operand) && unevaluated((Node *)operand)
+                    && !feeds((Node *)operand, producer))
+                return 0;
+            place = arguments + extras->size;
+            if (ptr_push(extras, operand) < 0)
+                return -1;
         }
-        if (entry == NULL) {
-            Py_DECREF(wiring);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(wiring, i, entry);
+        codes[i] = place;
+    }
+    return 1;
+}
+
+/* The Python wiring FusedPattern takes: ("output", k) or ("argument", i)
+ * per consumer argument. */
+static PyObject *
+wiring_tuple(const Py_ssize_t *codes, Py_ssize_t count)
+{
+    PyObject *wiring = PyTuple_New(count);
+    for (Py_ssize_t i = 0; wiring != NULL && i < count; i++) {
+        PyObject *entry = codes[i] < 0 ? Py_BuildValue("(On)", str_output, -codes[i] - 1)
+                                       : Py_BuildValue("(On)", str_argument, codes[i]);
+        if (entry == NULL)
+            Py_CLEAR(wiring);
+        else
+            PyTuple_SET_ITEM(wiring, i, entry);
     }
     return wiring;
 }
 
+/* The joined pattern for a pair of rows wired by ``codes``: from ``memo``
+ * (this call's, keyed by the rows' addresses and the codes), else from
+ * ``fused`` (by the Python key), else made by ``make_fused``.  A new
+ * reference to the pattern, or NULL with an exception set. */
+static PyObject *
+joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
+               Py_ssize_t extra_count, PyObject *memo, PyObject *fused,
+               PyObject *make_fused)
+{
+    Py_ssize_t count = consumer->input_count;
+    Py_ssize_t words = 3 + count;
+    Py_ssize_t *packed = PyMem_New(Py_ssize_t, words);
+    if (packed == NULL)
+        return PyErr_NoMemory();
+    packed[0] = (Py_ssize_t)producer->row;
+    packed[1] = (Py_ssize_t)consumer->row;
+    packed[2] = extra_count;
+    memcpy(packed + 3, codes, count * sizeof(Py_ssize_t));
+    PyObject *quick = PyBytes_FromStringAndSize((const char *)packed,
+                                                words * (Py_ssize_t)sizeof(Py_ssize_t));
+    PyMem_Free(packed);
+    if (quick == NULL)
+        return NULL;
+    PyObject *pair = Py_XNewRef(PyDict_GetItemWithError(memo, quick));
+    if (pair != NULL || PyErr_Occurred()) {
+        Py_DECREF(quick);
+        return pair;
+    }
+    PyObject *producer_pattern = PyObject_GetAttr(producer->row, str_pattern);
+    PyObject *consumer_pattern = producer_pattern == NULL ? NULL
+                                 : PyObject_GetAttr(consumer->row, str_pattern);
+    PyObject *wiring = consumer_pattern == NULL ? NULL : wiring_tuple(codes, count);
+    PyObject *key = wiring == NULL ? NULL
+        : PyTuple_Pack(3, producer_pattern, consumer_pattern, wiring);
+    Py_XDECREF(producer_pattern);
+    Py_XDECREF(consumer_pattern);
+    Py_XDECREF(wiring);
+    pair = key == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(fused, key));
+    if (pair == NULL && key != NULL && !PyErr_Occurred())
+        pair = PyObject_CallFunction(make_fused, "On", key, extra_count);
+    Py_XDECREF(key);
+    /* (The memo holds the rows' pattern by reference: the addresses in its
+     * keys stay theirs for the call.) */
+    if (pair != NULL && PyDict_SetItem(memo, quick, pair) < 0)
+        Py_CLEAR(pair);
+    Py_DECREF(quick);
+    return pair;
+}
+
 /* Join ``consumer`` to ``producer`` as ``fused`` reads them: the producer's
- * node runs the pair, the consumer's becomes an access to its last output. */
+ * node runs the pair (on its arguments and then ``extras``), the
+ * consumer's becomes an access to its last output. */
 static int
-join(Node *consumer, Node *producer, PyObject *fused, PyObject *extras,
+join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
      PyObject *access_row)
 {
     PyObject *row = PyObject_GetAttr(fused, str_row);
-    if (row == NULL)
+    PyObject *specs = row == NULL ? NULL
+        : PySequence_Fast(producer->spec, "a multi-output node's spec is a tuple");
+    if (specs == NULL) {
+        Py_XDECREF(row);
         return -1;
-    PyObject *own = node_inputs_tuple(producer);
-    PyObject *added = PyList_AsTuple(extras);
-    PyObject *inputs = own == NULL || added == NULL ? NULL : PySequence_Concat(own, added);
-    Py_XDECREF(own);
-    Py_XDECREF(added);
-    PyObject *specs = PySequence_Tuple(producer->spec);
-    PyObject *output = specs == NULL ? NULL : PyLong_FromSsize_t(PyTuple_GET_SIZE(specs));
-    PyObject *spec_added = PyTuple_Pack(1, consumer->spec);
-    PyObject *spec = specs == NULL || spec_added == NULL ? NULL
-                     : PySequence_Concat(specs, spec_added);
-    PyObject *attrs = output == NULL ? NULL : PyTuple_Pack(1, output);
-    Py_XDECREF(specs);
-    Py_XDECREF(spec_added);
-    Py_XDECREF(output);
+    }
+    Py_ssize_t outputs = PySequence_Fast_GET_SIZE(specs);
+    Py_ssize_t own = producer->input_count, count = own + extras->size;
+    PyObject **inputs = PyMem_New(PyObject *, count + 1);
+    PyObject *spec = PyTuple_New(outputs + 1);
+    PyObject *attrs = Py_BuildValue("(n)", outputs);
     PyObject *reads = (PyObject *)producer;
-    /* (One input is kept inline: the consumer's cannot fail.) */
-    if (inputs == NULL || spec == NULL || attrs == NULL
-            || node_set_inputs(producer, PySequence_Fast_ITEMS(inputs),
-                               PyTuple_GET_SIZE(inputs)) < 0
-            || node_set_inputs(consumer, &reads, 1) < 0) {
+    int failed = inputs == NULL || spec == NULL || attrs == NULL;
+    if (inputs == NULL)
+        PyErr_NoMemory();
+    if (!failed) {
+        for (Py_ssize_t i = 0; i < own; i++)
+            inputs[i] = node_input(producer, i);
+        for (Py_ssize_t i = 0; i < extras->size; i++)
+            inputs[own + i] = extras->items[i];
+        for (Py_ssize_t n = 0; n < outputs; n++)
+            PyTuple_SET_ITEM(spec, n, Py_NewRef(PySequence_Fast_GET_ITEM(specs, n)));
+        PyTuple_SET_ITEM(spec, outputs, Py_NewRef(consumer->spec));
+        /* The producer takes the extras before the consumer lets them go;
+         * one input is kept inline, so the consumer's cannot fail. */
+        failed = node_set_inputs(producer, inputs, count) < 0
+                 || node_set_inputs(consumer, &reads, 1) < 0;
+    }
+    PyMem_Free(inputs);
+    Py_DECREF(specs);
+    if (failed) {
         Py_DECREF(row);
-        Py_XDECREF(inputs);
         Py_XDECREF(spec);
         Py_XDECREF(attrs);
         return -1;
     }
-    Py_DECREF(inputs);
     Py_XSETREF(producer->row, row);
     Py_XSETREF(producer->spec, spec);
     Py_XSETREF(consumer->row, Py_NewRef(access_row));
@@ -215,8 +281,10 @@ fuse(PyObject *module, PyObject *args)
             return NULL;
         }
     }
-    PyObject *cache = PyDict_New(), *joined = PyList_New(0), *extras = NULL;
-    if (cache == NULL || joined == NULL)
+    PyObject *cache = PyDict_New(), *memo = PyDict_New(), *joined = PyList_New(0);
+    PtrArray extras = {0};
+    Py_ssize_t *codes = NULL, code_capacity = 0;
+    if (cache == NULL || memo == NULL || joined == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); i++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i);
@@ -230,45 +298,45 @@ fuse(PyObject *module, PyObject *args)
             goto fail;
         if (producer == NULL)
             continue;
-        Py_INCREF(producer);   /* held while Python runs */
-        extras = PyList_New(0);
-        PyObject *wiring = extras == NULL ? NULL
-                           : wiring_of(node, producer, access_row, extras);
-        if (wiring == Py_None) {
-            Py_DECREF(wiring);
-            Py_DECREF(producer);
-            Py_CLEAR(extras);
+        while (code_capacity < node->input_count)
+            if (array_grow((void **)&codes, &code_capacity, sizeof(Py_ssize_t)) < 0)
+                goto fail;
+        extras.size = 0;
+        int joinable = wiring_codes(node, producer, access_row, codes, &extras);
+        if (joinable <= 0) {
+            if (joinable < 0)
+                goto fail;
             continue;
         }
-        PyObject *producer_pattern = wiring == NULL ? NULL
-                                     : PyObject_GetAttr(producer->row, str_pattern);
-        PyObject *consumer_pattern = producer_pattern == NULL ? NULL
-                                     : PyObject_GetAttr(node->row, str_pattern);
-        PyObject *key = consumer_pattern == NULL ? NULL
-            : PyTuple_Pack(3, producer_pattern, consumer_pattern, wiring);
-        Py_XDECREF(producer_pattern);
-        Py_XDECREF(consumer_pattern);
-        Py_XDECREF(wiring);
-        PyObject *pair = key == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(fused, key));
-        if (pair == NULL && key != NULL && !PyErr_Occurred())
-            pair = PyObject_CallFunction(make_fused, "On", key, PyList_GET_SIZE(extras));
-        Py_XDECREF(key);
-        int failed = pair == NULL || join(node, producer, pair, extras, access_row) < 0
+        /* Held while Python runs (the pattern may be made), with the
+         * extras, which the consumer's inputs hold. */
+        Py_INCREF(producer);
+        for (Py_ssize_t k = 0; k < extras.size; k++)
+            Py_INCREF(extras.items[k]);
+        PyObject *pair = joined_pattern(node, producer, codes, extras.size, memo,
+                                        fused, make_fused);
+        int failed = pair == NULL || join(node, producer, pair, &extras, access_row) < 0
                      || PyList_Append(joined, pair) < 0;
         Py_XDECREF(pair);
         Py_DECREF(producer);
-        Py_CLEAR(extras);
+        for (Py_ssize_t k = 0; k < extras.size; k++)
+            Py_DECREF(extras.items[k]);
         if (failed)
             goto fail;
     }
     Py_DECREF(cache);
+    Py_DECREF(memo);
     Py_DECREF(nodes);
+    PyMem_Free(extras.items);
+    PyMem_Free(codes);
     return joined;
 fail:
     Py_XDECREF(cache);
+    Py_XDECREF(memo);
     Py_XDECREF(joined);
-    Py_XDECREF(extras);
     Py_DECREF(nodes);
+    PyMem_Free(extras.items);
+    PyMem_Free(codes);
     return NULL;
 }
 
