@@ -433,25 +433,29 @@ done:
     return batches;
 }
 
-/* The agenda scheduler's state.  ``ready`` mirrors the Python dict it
- * replaced, {type: ready nodes}: a type enters when its first node becomes
- * ready and leaves when its nodes run, and ``entered`` numbers the entries
- * so that ties go to the type that entered first, as min() over the dict in
- * insertion order did. */
+/* The agenda and critical-path schedulers' state.  ``ready`` mirrors the
+ * Python dict it replaced, {type: ready nodes}: a type enters when its
+ * first node becomes ready and leaves when its nodes run, and ``entered``
+ * numbers the entries so that ties go to the type that entered first, as
+ * min() over the dict in insertion order did.  ``highest``: the greatest
+ * height (see critical_schedule) of its ready nodes. */
 typedef struct {
-    Py_ssize_t *nodes, size, capacity;
+    Py_ssize_t *nodes, size, capacity, highest;
     long long entered;      /* -1 while the type has no ready node */
 } Ready;
 
 static int
 make_ready(Ready *ready, Py_ssize_t *active, Py_ssize_t *active_count,
-           long long *entries, Py_ssize_t type, Py_ssize_t index)
+           long long *entries, Py_ssize_t type, Py_ssize_t index, Py_ssize_t height)
 {
     Ready *list = &ready[type];
     if (list->entered < 0) {
         list->entered = (*entries)++;
+        list->highest = height;
         active[(*active_count)++] = type;
     }
+    if (height > list->highest)
+        list->highest = height;
     if (list->size == list->capacity) {
         Py_ssize_t capacity = list->capacity ? 2 * list->capacity : 8;
         Py_ssize_t *nodes = PyMem_Resize(list->nodes, Py_ssize_t, capacity);
@@ -466,20 +470,18 @@ make_ready(Ready *ready, Py_ssize_t *active, Py_ssize_t *active_count,
     return 0;
 }
 
-PyDoc_STRVAR(agenda_schedule_doc,
-"agenda_schedule(type_of, sources, type_count)\n--\n\n"
-"DyNet's agenda schedule: repeatedly run every ready node of the type whose\n"
-"remaining nodes have the lowest average depth (ties: the type that became\n"
-"ready first); returns the batches, lists of node indices in the order\n"
-"they became ready.  Nodes of type -1 are not scheduled.");
+/* How a ready-list scheduler picks the next type. */
+enum { LOWEST_AVERAGE_DEPTH, HIGHEST_READY };
 
+/* Repeatedly run every ready node of the type ``rule`` picks (ties: the
+ * type that became ready first): the batches, lists of node indices in
+ * the order they became ready.  Nodes of type -1 are not scheduled. */
 static PyObject *
-agenda_schedule(PyObject *module, PyObject *args)
+ready_schedule(PyObject *args, const char *format, int rule)
 {
     PyObject *type_of_arg, *sources_arg;
     Py_ssize_t type_count;
-    if (!PyArg_ParseTuple(args, "OOn:agenda_schedule", &type_of_arg,
-                          &sources_arg, &type_count))
+    if (!PyArg_ParseTuple(args, format, &type_of_arg, &sources_arg, &type_count))
         return NULL;
     Structure graph;
     if (structure_read(&graph, type_of_arg, sources_arg, type_count) < 0)
@@ -492,15 +494,16 @@ agenda_schedule(PyObject *module, PyObject *args)
     Py_ssize_t *first = PyMem_New(Py_ssize_t, count + 1);
     Py_ssize_t *consumers = PyMem_New(Py_ssize_t, graph.offset[count] + 1);
     Py_ssize_t *waiting = PyMem_New(Py_ssize_t, count + 1);
+    Py_ssize_t *height = PyMem_Calloc(count + 1, sizeof(Py_ssize_t));
     Py_ssize_t *remaining = PyMem_New(Py_ssize_t, types + 1);
     long long *depth_sum = PyMem_New(long long, types + 1);
     Ready *ready = PyMem_New(Ready, types + 1);
     Py_ssize_t *active = PyMem_New(Py_ssize_t, types + 1);
     if (ready != NULL) {
         for (Py_ssize_t t = 0; t < types; t++)
-            ready[t] = (Ready){NULL, 0, 0, -1};
+            ready[t] = (Ready){NULL, 0, 0, 0, -1};
     }
-    if (first == NULL || consumers == NULL || waiting == NULL
+    if (first == NULL || consumers == NULL || waiting == NULL || height == NULL
             || remaining == NULL || depth_sum == NULL || ready == NULL
             || active == NULL) {
         PyErr_NoMemory();
@@ -533,25 +536,42 @@ agenda_schedule(PyObject *module, PyObject *args)
          * below (shifted back by one slot). */
         for (Py_ssize_t k = graph.offset[i]; k < graph.offset[i + 1]; k++)
             consumers[first[graph.sources[k]]++] = i;
-        if (waiting[i] == 0 && make_ready(ready, active, &active_count,
-                                          &entries, type, i) < 0)
-            goto done;
     }
     for (Py_ssize_t i = count; i > 0; i--)
         first[i] = first[i - 1];
     first[0] = 0;
+    /* Heights: the scheduled nodes on the longest chain from a node to
+     * one nothing consumes, itself included (consumers come later). */
+    for (Py_ssize_t i = count - 1; rule == HIGHEST_READY && i >= 0; i--) {
+        if (type_of[i] < 0)
+            continue;
+        Py_ssize_t highest = 0;
+        for (Py_ssize_t k = first[i]; k < first[i + 1]; k++)
+            if (height[consumers[k]] > highest)
+                highest = height[consumers[k]];
+        height[i] = highest + 1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (type_of[i] >= 0 && waiting[i] == 0
+                && make_ready(ready, active, &active_count, &entries, type_of[i], i,
+                              height[i]) < 0)
+            goto done;
+    }
 
     batches = PyList_New(0);
     if (batches == NULL)
         goto done;
     while (active_count > 0) {
-        /* The lowest average remaining depth, as Python's float division
-         * gave it (exact for sums below 2**53), then the earliest entry. */
+        /* LOWEST_AVERAGE_DEPTH: the lowest average remaining depth, as
+         * Python's float division gave it (exact for sums below 2**53);
+         * HIGHEST_READY: the highest ready node (as the lowest negated
+         * height); then the earliest entry. */
         Py_ssize_t best = 0;
         double best_key = 0.0;
         for (Py_ssize_t a = 0; a < active_count; a++) {
             Py_ssize_t t = active[a];
-            double key = (double)depth_sum[t] / (double)remaining[t];
+            double key = rule == HIGHEST_READY ? -(double)ready[t].highest
+                : (double)depth_sum[t] / (double)remaining[t];
             if (a == 0 || key < best_key
                     || (key == best_key
                         && ready[t].entered < ready[active[best]].entered)) {
@@ -564,7 +584,7 @@ agenda_schedule(PyObject *module, PyObject *args)
         /* Taken out whole: post-processing may make new nodes of the same
          * type ready, which form a new entry. */
         Ready batch = ready[chosen];
-        ready[chosen] = (Ready){NULL, 0, 0, -1};
+        ready[chosen] = (Ready){NULL, 0, 0, 0, -1};
         PyObject *list = int_list(batch.nodes, batch.size);
         int failed = list == NULL || PyList_Append(batches, list) < 0;
         Py_XDECREF(list);
@@ -576,7 +596,7 @@ agenda_schedule(PyObject *module, PyObject *args)
                 Py_ssize_t consumer = consumers[k];
                 if (--waiting[consumer] == 0
                         && make_ready(ready, active, &active_count, &entries,
-                                      type_of[consumer], consumer) < 0)
+                                      type_of[consumer], consumer, height[consumer]) < 0)
                     failed = 1;
             }
         }
@@ -594,12 +614,39 @@ done:
     PyMem_Free(first);
     PyMem_Free(consumers);
     PyMem_Free(waiting);
+    PyMem_Free(height);
     PyMem_Free(remaining);
     PyMem_Free(depth_sum);
     PyMem_Free(ready);
     PyMem_Free(active);
     structure_free(&graph);
     return batches;
+}
+
+PyDoc_STRVAR(agenda_schedule_doc,
+"agenda_schedule(type_of, sources, type_count)\n--\n\n"
+"DyNet's agenda schedule: repeatedly run every ready node of the type whose\n"
+"remaining nodes have the lowest average depth (ties: the type that became\n"
+"ready first); returns the batches, lists of node indices in the order\n"
+"they became ready.  Nodes of type -1 are not scheduled.");
+
+static PyObject *
+agenda_schedule(PyObject *module, PyObject *args)
+{
+    return ready_schedule(args, "OOn:agenda_schedule", LOWEST_AVERAGE_DEPTH);
+}
+
+PyDoc_STRVAR(critical_schedule_doc,
+"critical_schedule(type_of, sources, type_count)\n--\n\n"
+"Critical path first: repeatedly run every ready node of the type with the\n"
+"highest ready node, a node's height being the number of scheduled nodes\n"
+"on the longest chain from it to a node nothing consumes (ties: the type\n"
+"that became ready first); returns the batches as agenda_schedule does.");
+
+static PyObject *
+critical_schedule(PyObject *module, PyObject *args)
+{
+    return ready_schedule(args, "OOn:critical_schedule", HIGHEST_READY);
 }
 
 /* -- the BatchGraph's description ------------------------------------------- */
@@ -1555,6 +1602,7 @@ static PyMethodDef analysis_methods[] = {
     {"depths", depths, METH_VARARGS, depths_doc},
     {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
     {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},
+    {"critical_schedule", critical_schedule, METH_VARARGS, critical_schedule_doc},
     {"describe_graph", describe_graph, METH_VARARGS, describe_graph_doc},
     {NULL},
 };

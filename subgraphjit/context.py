@@ -77,10 +77,13 @@ PARAMETERS = {
         "'auto' (the default) collects the subgraphs, then times a few "
         "minibatches with each unit and keeps the faster (search.py)"),
     "scheduler": Parameter(
-        "agenda", str, _one_of("none", "depth", "agenda", "fsm"),
-        "how batches are chosen: 'agenda' (DyNet), 'depth' (TensorFlow Fold), "
-        "'fsm' (ED-Batch: a policy learned by Q-learning on the first "
-        "minibatch), or 'none' to run every node on its own"),
+        "critical", str, _one_of("none", "depth", "agenda", "critical", "fsm"),
+        "how batches are chosen: 'critical' (the default: critical path "
+        "first, the type of the ready node farthest from the results), "
+        "'agenda' (DyNet), "
+        "'depth' (TensorFlow Fold), 'fsm' (ED-Batch: a policy learned by "
+        "Q-learning on the first minibatch), or 'none' to run every node on "
+        "its own"),
     "fuse": Parameter(
         True, _parse_flag, _is_flag,
         "join a pattern with the multi-output pattern whose outputs it reads "

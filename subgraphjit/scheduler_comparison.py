@@ -23,7 +23,7 @@ from .batch.schedulers import SCHEDULERS, schedule
 from .batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
 from .report import print_table
 
-COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda",
+COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda", "critical",
            *(f"fsm-{encoding}" for encoding in ENCODINGS),
            "fsm/agenda", "train s", "iterations", "states", "coarse", "fallbacks")
 
@@ -120,7 +120,7 @@ def compare(batch_size=32, seed=0, configs=(FsmConfig(),), models=None):
                                             unit="model"):
         train_graph, test_graph = recorded_graph(train_loss), recorded_graph(test_loss)
         heuristics = {scheduler: count_batches(test_graph, SCHEDULERS[scheduler]())
-                      for scheduler in ("depth", "agenda")}
+                      for scheduler in ("depth", "agenda", "critical")}
         for config in configs:
             counts = dict(heuristics)
             for encoding in ENCODINGS:
@@ -135,6 +135,7 @@ def compare(batch_size=32, seed=0, configs=(FsmConfig(),), models=None):
             rows[config].append((
                 name, sum(t >= 0 for t in test_graph.type_of),
                 lower_bound(test_graph), counts["depth"], counts["agenda"],
+                counts["critical"],
                 *(counts[f"fsm-{encoding}"] for encoding in ENCODINGS),
                 counts["agenda"] / fsm, report.seconds, report.iterations,
                 report.states, coarse, fallbacks))

@@ -79,8 +79,8 @@ def test_tune_schedulers_compares_batches_and_sweeps(tmp_path, capsys):
         ("0.5", "tree_gru"), ("0.5", "bilstm_tagger"),
         ("1.0", "tree_gru"), ("1.0", "bilstm_tagger")]
     for line in lines:
-        bound, agenda, fsm = (int(line[key]) for key in
-                              ("lower bound", "agenda", "fsm-sort"))
-        assert bound <= fsm <= agenda
+        bound, agenda, critical, fsm = (int(line[key]) for key in
+                                        ("lower bound", "agenda", "critical", "fsm-sort"))
+        assert bound <= fsm <= agenda and bound <= critical <= agenda
     with pytest.raises(SystemExit, match="KEY one of"):
         cli.main(["tune", "--schedulers", "--fsm-sweep", "gamma=1"])

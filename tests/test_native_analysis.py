@@ -14,7 +14,7 @@ import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.batch import graph as graph_module
 from subgraphjit.batch.graph import BatchGraph, NodeOperand
-from subgraphjit.batch.schedulers import (AgendaScheduler, DepthScheduler,
+from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, DepthScheduler,
                                           depths, schedule, step_by_step)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
@@ -60,10 +60,23 @@ def reference_depth_schedule(graph):
     return [groups[key] for key in sorted(groups)]
 
 
-def reference_agenda_schedule(graph):
+def reference_heights(graph):
+    """Scheduled nodes on the longest chain from each node to a result."""
+    height = [0] * len(graph.type_of)
+    for index in reversed(range(len(graph.type_of))):
+        if graph.type_of[index] >= 0:
+            height[index] += 1
+            for source in graph.sources[index]:
+                height[source] = max(height[source], height[index])
+    return height
+
+
+def reference_agenda_schedule(graph, critical=False):
     """DyNet's rule as the Python scheduler had it: ties go to the first
-    type in the ready dict's insertion order."""
+    type in the ready dict's insertion order.  ``critical``: the type of
+    the highest ready node instead."""
     type_of, depth = graph.type_of, reference_depths(graph)
+    height = reference_heights(graph)
     remaining = [0] * len(graph.signatures)
     depth_sum = [0] * len(graph.signatures)
     waiting, consumers, ready = {}, {}, {}
@@ -80,7 +93,8 @@ def reference_agenda_schedule(graph):
             ready.setdefault(node_type, []).append(index)
     batches = []
     while ready:
-        chosen = min(ready, key=lambda t: depth_sum[t] / remaining[t])
+        chosen = (max(ready, key=lambda t: max(height[i] for i in ready[t])) if critical
+                  else min(ready, key=lambda t: depth_sum[t] / remaining[t]))
         batch = ready.pop(chosen)
         for index in batch:
             remaining[type_of[index]] -= 1
@@ -225,6 +239,18 @@ def check_schedules(graph):
     expected = reference_depth_schedule(graph)
     assert schedule(graph, DepthScheduler()) == expected
     assert step_by_step(graph, DepthScheduler()) == expected
+    expected = reference_agenda_schedule(graph, critical=True)
+    assert schedule(graph, CriticalScheduler()) == expected
+    assert step_by_step(graph, CriticalScheduler()) == expected
+    # The nodes agenda runs, each once, after its sources, with nodes of
+    # its type.
+    done = set()
+    for batch in expected:
+        assert len({graph.type_of[index] for index in batch}) == 1
+        assert all(source in done for index in batch for source in graph.sources[index])
+        assert done.isdisjoint(batch)
+        done.update(batch)
+    assert done == {index for batch in schedule(graph, AgendaScheduler()) for index in batch}
 
 
 @settings(max_examples=500, deadline=None)
@@ -248,7 +274,8 @@ def test_a_deep_chain_schedules_without_recursion():
     assert schedule(graph, AgendaScheduler()) == [[i] for i in range(count)]
 
 
-@pytest.mark.parametrize("function", [_native.agenda_schedule, _native.depth_schedule])
+@pytest.mark.parametrize("function", [_native.agenda_schedule, _native.depth_schedule,
+                                      _native.critical_schedule])
 def test_schedules_of_bad_input_raise_clean_errors(function):
     def call(type_of, sources, type_count=2):
         return function(type_of, sources, type_count)
@@ -284,7 +311,7 @@ def test_schedules_of_bad_input_raise_clean_errors(function):
         call([0], [(0,)])                      # itself
     with pytest.raises(ValueError):
         call([0, 0], [(), (2 ** 80,)])
-    if function is _native.agenda_schedule:   # arrays per type
+    if function is not _native.depth_schedule:   # arrays per type
         with pytest.raises(MemoryError):
             call([0], [()], type_count=2 ** 62)
     with pytest.raises(OverflowError):

@@ -31,7 +31,7 @@ def test_binary_split_drops_neutral_sentences_and_maps_labels(trees):
     assert vocabulary[trees[0].words()[0]] > 0
 
 
-@pytest.mark.parametrize("scheduler", ["none", "depth", "agenda"])
+@pytest.mark.parametrize("scheduler", ["none", "depth", "agenda", "critical"])
 def test_training_matches_eager_tensorflow(trees, scheduler):
     vocabulary = sst.Vocabulary(trees)
     batches = [trees[0:4], trees[4:8], trees[8:12]]

@@ -133,7 +133,7 @@ def assert_equals_eager(case, weights, data):
         assert_gradient_equal(gradient, wanted)
 
 
-@pytest.fixture(params=["agenda", "depth", "fsm"])
+@pytest.fixture(params=["agenda", "critical", "depth", "fsm"])
 def step_by_step(request):
     """Each batch its own op (compiled programs refuse varying lengths)."""
     keys = ("scheduler", "compile", "granularity")

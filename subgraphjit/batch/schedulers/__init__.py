@@ -6,15 +6,17 @@ type whose operands are all computed) or None when done, and
 ``post_process(batch)`` after the batch ran.  Every scheduler must give the
 same results; they differ only in how many batches they need.  A scheduler
 whose choices need no values may also offer ``whole_schedule(graph)``, all
-its batches at once (agenda and depth do, in C: ``native/analysis.c``).
+its batches at once (agenda, critical and depth do, in C:
+``native/analysis.c``).
 """
 
 from ... import _native
 from .agenda import AgendaScheduler
+from .critical import CriticalScheduler
 from .depth import DepthScheduler
 
 SCHEDULERS = {scheduler.name: scheduler
-              for scheduler in (DepthScheduler, AgendaScheduler)}
+              for scheduler in (DepthScheduler, AgendaScheduler, CriticalScheduler)}
 
 
 def schedule(graph, scheduler):
