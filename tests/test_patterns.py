@@ -326,6 +326,7 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
     from subgraphjit.batch import program
     parameters(granularity="auto", collect=1, compile=4)
     monkeypatch.setattr(program, "MAX_KINDS", 0)
+    monkeypatch.setattr(search.Trial, "SEPARATED", float("inf"))   # every turn
     tf.reset_stats()
     rng = np.random.default_rng(23)
     model = MODELS["tree_lstm"](rng)
@@ -336,6 +337,29 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
     assert_matches_eager(model, model.random_examples(rng, 3))
     assert "training" in tf.stats()["granularity_chosen"]
     assert tf.stats()["programs_compiled"] == 0
+
+
+@pytest.mark.parametrize("ratio,turns", [(1.2, len(search.Trial.TIMED)), (3.0, 4)])
+def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
+        parameters, monkeypatch, ratio, turns):
+    """Two turns each, and every time of one unit ``SEPARATED`` times below
+    every time of the other, decide; closer times take every turn."""
+    parameters(granularity="auto", collect=1, compile=2)
+    now = [0.0]
+    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    rng = np.random.default_rng(24)
+    model = MODELS["tree_lstm"](rng)
+    timed = []
+    while "training" not in tf.stats()["granularity_chosen"]:
+        assert len(timed) < 40
+        assert_matches_eager(model, model.random_examples(rng, 3))
+        timing = search.SEARCH.trials["training"].timing   # (unit, start, nodes)
+        if timing is not None:
+            # Seconds per node: patterns ``ratio`` times cheaper than ops.
+            timed.append(timing[0])
+            now[0] += timing[2] * (1.0 if timing[0] == "subgraph" else ratio)
+    assert len(timed) == turns
+    assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
 
 
 def test_auto_granularity_chooses_for_training_and_inference_apart(parameters,
