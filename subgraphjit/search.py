@@ -44,10 +44,6 @@ from .patch.node import VirtualNode
 from .patch.record import ACCESS
 from .signature import Signer, Template, has_value_operand
 
-# Every unevaluated node the targets depend on, in recording order (C:
-# native/analysis.c).
-unevaluated_ancestors = _native.unevaluated_ancestors
-
 
 class PatternSearch:
     """Collection statistics and frequent patterns, across evaluations."""
@@ -89,7 +85,7 @@ class PatternSearch:
                 trial.stop(now)
             trial = self.trials["training" if context.tapes else "inference"]
             if context.granularity_chosen.get(trial.mode) != "subgraph":
-                nodes = unevaluated_ancestors(targets)
+                nodes = _native.unevaluated_ancestors(targets)
                 if trial.unit(len(nodes), parameters["compile"], now) == "op":
                     return nodes   # (before any work: every evaluation passes here)
         depth, level = settings[0], settings[1]
@@ -100,7 +96,7 @@ class PatternSearch:
         roots = _native.search_roots(targets, required)
         signer = Signer(level, for_patterns=True, required=required)
         if context.patterns is None:  # stage 1
-            nodes = unevaluated_ancestors(targets)
+            nodes = _native.unevaluated_ancestors(targets)
             self._collect(roots, signer, depth)
             self.minibatches += 1
             self.inputs += len(roots)
