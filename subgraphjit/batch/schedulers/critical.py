@@ -10,20 +10,12 @@ sequences it reaches ED-Batch's lower bound (BENCHMARKS.md).  The schedule
 is made in C (``native/analysis.c``)."""
 
 from ... import _native
+from .whole import WholeSchedule
 
 
-class CriticalScheduler:
+class CriticalScheduler(WholeSchedule):
     name = "critical"
 
     def whole_schedule(self, graph):
         return _native.critical_schedule(graph.type_of, graph.sources,
                                          len(graph.signatures))
-
-    def init(self, graph):
-        self._batches = self.whole_schedule(graph)[::-1]
-
-    def next_batch(self):
-        return self._batches.pop() if self._batches else None
-
-    def post_process(self, batch):
-        pass
