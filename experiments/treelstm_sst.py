@@ -54,8 +54,9 @@ def parse_arguments(argv=None):
     parser.add_argument("--dev-limit", type=int, default=300,
                         help="dev trees (a fixed random sample) for the "
                              "accuracy; 0 skips it")
-    parser.add_argument("--scheduler", default="agenda",
-                        help="subgraphjit's scheduler (agenda, depth, fsm, none)")
+    parser.add_argument("--scheduler", default=None,
+                        help="subgraphjit's scheduler (critical, agenda, depth, fsm, "
+                             "none; default: subgraphjit's default)")
     parser.add_argument("--depth", type=int, default=8, help="P_Depth")
     parser.add_argument("--collect", type=int, default=3, help="P_Collect")
     parser.add_argument("--threads", type=int, default=1,
@@ -164,7 +165,8 @@ def main(argv=None):
         tf = importlib.import_module("tensorflow" if name == "tensorflow"
                                      else "subgraphjit")
         if name != "tensorflow":
-            tf.set_parameter("scheduler", arguments.scheduler)
+            if arguments.scheduler is not None:
+                tf.set_parameter("scheduler", arguments.scheduler)
             tf.set_parameter("granularity", "subgraph" if name == "patterns" else "op")
             tf.set_parameter("depth", arguments.depth)
             tf.set_parameter("collect", arguments.collect)

@@ -247,7 +247,9 @@ sources_read(Structure *graph, PyObject *sources_arg)
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *entry = PySequence_Fast_GET_ITEM(sources, i);
         for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(entry); k++) {
-            if (index_in(PySequence_Fast_GET_ITEM(entry, k), 0, i, "a source", i,
+            /* (in range: checked with the table's, in structure_read) */
+            if (index_in(PySequence_Fast_GET_ITEM(entry, k), PY_SSIZE_T_MIN,
+                         PY_SSIZE_T_MAX, "a source", i,
                          &graph->sources[graph->offset[i] + k]) < 0)
                 goto done;
         }

@@ -194,8 +194,8 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
     if (pair == NULL && key != NULL && !PyErr_Occurred())
         pair = PyObject_CallFunction(make_fused, "On", key, extra_count);
     Py_XDECREF(key);
-    /* (The memo holds the rows' pattern by reference: the addresses in its
-     * keys stay theirs for the call.) */
+    /* (The rows in a key stay alive, so their addresses stay theirs, for
+     * the call: each is a pattern's row, which its pattern holds.) */
     if (pair != NULL && PyDict_SetItem(memo, quick, pair) < 0)
         Py_CLEAR(pair);
     Py_DECREF(quick);

@@ -53,8 +53,8 @@ def evaluate(targets, required=None, forced_by=None):
     ``forced.forced_site`` describes it.
     """
     targets = targets if type(targets) in (list, tuple) else list(targets)
-    if not any(type(target) is VirtualNode and target.result is None
-               and target.batch is None for target in targets):
+    if not any(type(target) is VirtualNode and not target.evaluated
+               for target in targets):
         return
     # An instance of tf.batching.map waits for its map's next round instead.
     if concurrent.running and concurrent.suspend(targets, required, forced_by):

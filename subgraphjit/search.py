@@ -84,6 +84,8 @@ class PatternSearch:
             for trial in self.trials.values():
                 trial.stop(now)
             trial = self.trials["training" if context.tapes else "inference"]
+            # The ancestors are needed to time a unit (seconds per node) or
+            # to run ops; once patterns are chosen, replacement finds them.
             if context.granularity_chosen.get(trial.mode) != "subgraph":
                 nodes = _native.unevaluated_ancestors(targets)
                 if trial.unit(len(nodes), parameters["compile"], now) == "op":

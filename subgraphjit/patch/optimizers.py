@@ -42,7 +42,7 @@ class CompiledUpdate:
                 and spec.shape.is_compatible_with(overlap.shape_of(tensor))
                 for tensor, spec in zip(tensors, wanted)):
             # Not a variable's gradient: Keras's own update says why.
-            return super().apply_gradients(pairs)
+            return super().apply_gradients(pairs, *arguments, **options)
         updates = _UPDATES.setdefault(self, {})
         key = (tuple(map(id, variables)), tuple(specs))
         update = updates.get(key)

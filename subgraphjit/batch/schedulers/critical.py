@@ -5,8 +5,9 @@ first).
 
 A type whose nodes lie near the results (a tree's root, a loss) waits while
 longer chains still have work, and its nodes then run together: on every
-example model this needs no more batches than agenda, and on the trees and
-sequences it reaches ED-Batch's lower bound (BENCHMARKS.md).  The schedule
+example model this needs no more batches than agenda, and on the
+Tree-LSTMs, MV-RNN and the BiLSTM tagger it reaches ED-Batch's lower bound
+(BENCHMARKS.md, "Schedulers").  The schedule
 is made in C (``native/analysis.c``)."""
 
 from ... import _native
