@@ -96,12 +96,6 @@ typedef struct {
 
 extern PyTypeObject *node_operand_type;
 
-static inline int
-is_node_operand(PyObject *object)
-{
-    return Py_IS_TYPE(object, node_operand_type);
-}
-
 /* A new NodeOperand (a new reference, or NULL with an exception set). */
 PyObject *node_operand_new(Py_ssize_t index, PyObject *pick, PyObject *node);
 

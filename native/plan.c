@@ -5,8 +5,8 @@
  *
  * Everything here reads a BatchGraph's lists (type_of, duplicate_of), its
  * OperandTable (operands.c) and the nodes; indices are checked, so bad
- * input raises rather than reading out of bounds.  Arrays go back to Python as bytes of native
- * int32 (read with numpy.frombuffer). */
+ * input raises rather than reading out of bounds.  Arrays go back to
+ * Python as bytes of native int32 (read with numpy.frombuffer). */
 
 #include "containers.h"
 
