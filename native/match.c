@@ -912,6 +912,11 @@ replace(PyObject *module, PyObject *args)
 
     while (pending.size > 0) {
         Node *node = (Node *)pending.items[--pending.size].node;
+        /* Its operands' memory, asked for now: the programs read them next. */
+        for (Py_ssize_t i = 0; i < node->input_count; i++) {
+            __builtin_prefetch(node->inputs[i]);
+            __builtin_prefetch((char *)node->inputs[i] + 64);
+        }
         entries = node->row == NULL ? NULL
                   : PyDict_GetItemWithError(candidates, node->row);
         if (entries == NULL && PyErr_Occurred())

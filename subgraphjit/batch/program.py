@@ -21,9 +21,11 @@ shared operands are summed over the steps, except rows of a variable looked up (
 embedding lookups), which are kept as entries, so the variable's gradient is
 the IndexedSlices eager TensorFlow gives, with an entry per lookup.
 
-``tf.custom_gradient`` joins the two to the user's tape: the forward call
-reads the variables and shared tensors as plain inputs, unwatched, so the
-tape records one op whose gradient is the backward call.
+The call joins the two to the user's tape as one recorded op whose
+gradient is the backward call (what ``tf.custom_gradient`` does, without
+its extra op per output and second read of each variable): the forward
+runs with the tapes paused, reading the variables' values, which the tape
+saw read, and the shared tensors as plain inputs.
 """
 
 import collections
@@ -543,50 +545,39 @@ class _Compiled:
                 for value in values]])
             return outputs[:len(self.buffers)]
         carried = [b for b in self.trainable if program.input_nodes[b]]
-        tensors = [value for value in values if not is_variable(value)]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
+        # A variable's read is an op the tape records (and a
+        # tf.custom_gradient's VariableWatcher sees): the gradient given
+        # for the value read reaches the variable, an IndexedSlices as is.
+        shared = [tf.convert_to_tensor(value) if is_variable(value) else value
+                  for value in values]
+        with _tapes_paused():
+            outputs = overlap.call(self.forward, [*arrays, *inputs, *shared])
+        buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
         compiled = self
 
-        @tf.custom_gradient
-        def run(*given):
-            # Variables are read here, so that the tape knows them; all is
-            # passed on unwatched, so that it records this one op, not the
-            # loop's.
-            given_inputs = list(inputs)
-            for b, value in zip(carried, given):
-                given_inputs[b] = tf.stop_gradient(value)
-            given_tensors = iter(given[len(carried):])
-            shared = [tf.stop_gradient(tf.convert_to_tensor(value)
-                                       if is_variable(value) else next(given_tensors))
-                      for value in values]
-            outputs = overlap.call(compiled.forward, [*arrays, *given_inputs, *shared])
-            buffers, lists = outputs[:len(compiled.buffers)], outputs[len(compiled.buffers):]
+        def gradient(*upstream):
+            adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
+                        else tf.convert_to_tensor(upstream[b])
+                        for b in compiled.trainable]
+            # (Queued since GradientTape.gradient: overlap.py.)
+            input_gradients, shared_gradients = overlap.call(
+                compiled.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
+            by_buffer = dict(zip(compiled.trainable, input_gradients))
+            return [by_buffer[b] for b in carried] + [
+                _gradient(value, gradient) if number in used else None
+                for number, (value, gradient) in enumerate(zip(shared, shared_gradients))]
 
-            def gradient(*upstream, variables=None):
-                adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
-                            else tf.convert_to_tensor(upstream[b])
-                            for b in compiled.trainable]
-                # (Queued since GradientTape.gradient: overlap.py.)
-                input_gradients, shared_gradients = overlap.call(
-                    compiled.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
-                by_buffer = dict(zip(compiled.trainable, input_gradients))
-                shared_gradients = [_gradient(value, gradient) if number in used else None
-                                    for number, (value, gradient)
-                                    in enumerate(zip(values, shared_gradients))]
-                of_variable = {id(_underlying(value)): gradient for value, gradient
-                               in zip(values, shared_gradients) if is_variable(value)}
-                tensor_gradients = [gradient for value, gradient
-                                    in zip(values, shared_gradients)
-                                    if not is_variable(value)]
-                return ([by_buffer[b] for b in carried] + tensor_gradients,
-                        [of_variable.get(id(variable)) for variable in variables or ()])
-            return buffers, gradient
-
-        return run(*[inputs[b] for b in carried], *tensors)
+        # One op on the tape: the program, whose gradient is the backward
+        # call.  (The forward ran with the tapes paused, so they hold
+        # none of the loop's ops.)
+        _record_operation("subgraphjit_program", buffers,
+                          [inputs[b] for b in carried] + shared, gradient)
+        return buffers
 
     def _inputs(self, program, buffer):
         """The rows that follow a buffer's computed ones: stacked Python
@@ -601,6 +592,21 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _tapes_paused():
+    """No tape records the ops run in it."""
+    from tensorflow.python.eager import record
+    return record.stop_recording()
+
+
+def _record_operation(name, outputs, inputs, gradient):
+    """One op on the tapes watching any of ``inputs``: ``outputs`` from
+    them, with ``gradient`` (upstream per output -> one per input, or None).
+    TensorFlow's tf.custom_gradient does the same, with an identity op
+    per output and a second read of each variable."""
+    from tensorflow.python.eager import record
+    record.record_operation(name, outputs, inputs, gradient)
 
 
 def _replayed(a, b, transpose_b, product):
@@ -627,11 +633,6 @@ def _gradient(value, gradient):
         overlap.promise(dense_shape, [len(value.shape)])
         return tf.IndexedSlices(values, indices, dense_shape)
     return gradient
-
-
-def _underlying(variable):
-    """The tf.Variable TensorFlow's tape sees read (a Keras 3 variable's)."""
-    return variable if isinstance(variable, tf.Variable) else variable.value
 
 
 def _looked_up(kind, places):
