@@ -1505,6 +1505,8 @@ describe_graph(PyObject *module, PyObject *args)
         goto done;
     for (Py_ssize_t index = 0; index < count; index++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, index);
+        if (index + 6 < count)
+            prefetch_node(PyTuple_GET_ITEM(nodes, index + 6));
         if (node->row == NULL) {
             PyErr_Format(PyExc_TypeError, "node %lld has no row", node->id);
             goto done;
