@@ -732,6 +732,8 @@ write_back(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t used = slots_of(outputs[i]);
+        if (i + 8 < count)
+            prefetch_node(PyList_GET_ITEM(nodes, i + 8));
         if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), node_type)) {
             PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
             return NULL;
@@ -755,6 +757,8 @@ write_back(PyObject *module, PyObject *args)
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
         Node *node = graph_node(&graph, i);
+        if (i + 8 < count)
+            prefetch_node(graph_node(&graph, i + 8));
         PyObject *batch = NULL, *batch_row = NULL;
         if (where[i] >= 0 && outputs[i] >= 0) {   /* a multi-output node */
             const int *slot = &slots[2 * where[i]];
