@@ -658,6 +658,51 @@ PyDoc_STRVAR(record_doc,
 "recorder cannot describe, and TensorFlow's error (noting the user's line)\n"
 "for an op that cannot run on these operands.");
 
+/* Attributes equal to an earlier op's, item by item of the same exact
+ * type, are that op's tuple: a Tree-LSTM minibatch's 932 matmuls share one
+ * instead of holding a tuple each (allocated, scattered in memory, read
+ * by the pattern matcher, freed).  Only flat tuples of None, bools, ints
+ * and strings are shared: for those, equal and of one type means the same
+ * value (unlike 0.0 and -0.0, or 1 and 1.0 inside a nested tuple).  The
+ * table keeps at most ATTRS_SHARED tuples: attributes that never repeat
+ * (a slice's index per instance) stop being added once it is full. */
+#define ATTRS_SHARED 4096
+static PyObject *attrs_shared;   /* {attrs: attrs} */
+
+static int
+plain_item(PyObject *item)
+{
+    PyTypeObject *type = Py_TYPE(item);
+    return item == Py_None || type == &PyBool_Type || type == &PyLong_Type
+           || type == &PyUnicode_Type;
+}
+
+/* ``attrs``, or an equal tuple recorded before (a new reference, or NULL
+ * with an exception set). */
+static PyObject *
+shared_attrs(PyObject *attrs)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(attrs);
+    if (count == 0 || !PyTuple_CheckExact(attrs))
+        return Py_NewRef(attrs);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!plain_item(PyTuple_GET_ITEM(attrs, i)))
+            return Py_NewRef(attrs);
+    PyObject *found = PyDict_GetItemWithError(attrs_shared, attrs);
+    if (found == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        if (PyDict_GET_SIZE(attrs_shared) < ATTRS_SHARED
+                && PyDict_SetItem(attrs_shared, attrs, attrs) < 0)
+            return NULL;
+        return Py_NewRef(attrs);
+    }
+    for (Py_ssize_t i = 0; i < count; i++)   /* (True == 1, of another type) */
+        if (Py_TYPE(PyTuple_GET_ITEM(found, i)) != Py_TYPE(PyTuple_GET_ITEM(attrs, i)))
+            return Py_NewRef(attrs);
+    return Py_NewRef(found);
+}
+
 static PyObject *
 record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -726,6 +771,9 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (row_cache(row, &is_multi) == NULL)
             goto done;
     }
+    Py_SETREF(attrs, shared_attrs(attrs));
+    if (attrs == NULL)
+        goto done;
     node = new_node(next_id++, row, PySequence_Fast_ITEMS(inputs),
                     PyTuple_GET_SIZE(inputs), attrs, spec, site);
     if (node == NULL)
@@ -744,7 +792,7 @@ done:
     Py_XDECREF(spec);
     Py_XDECREF(key);
     Py_XDECREF(cache);
-    Py_DECREF(attrs);
+    Py_XDECREF(attrs);
     return result;
 }
 
@@ -825,6 +873,7 @@ PyInit__native(void)
     str_shape_tuple = PyUnicode_InternFromString("_shape_tuple");
     eager_tensor_specs = PyDict_New();
     int_list_specs = PyDict_New();
+    attrs_shared = PyDict_New();
     for (Py_ssize_t i = 0; i < SHARED_INDICES; i++) {
         index_attrs[i] = Py_BuildValue("(n)", i);
         if (index_attrs[i] == NULL) {
@@ -846,7 +895,7 @@ PyInit__native(void)
             || str_append == NULL || str_variable_spec == NULL
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
-            || int_list_specs == NULL
+            || int_list_specs == NULL || attrs_shared == NULL
             || one == NULL || node_type == NULL || node_operand_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",

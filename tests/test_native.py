@@ -3,6 +3,7 @@ cyclic collector, record's key, spec cache, consumers, sites and ids, clean
 errors for bad calls, and freeing deep graphs."""
 
 import gc
+import math
 import operator
 import sys
 import weakref
@@ -87,6 +88,21 @@ def test_cached_specs_skip_inference_and_attribute_types_are_in_the_key():
     assert tf.one_hot(x, 3, on_value=1).dtype == tf.int32
     assert context.shape_inferences == inferences  # a cache hit
     assert tf.one_hot(x, 3, on_value=1.0, off_value=0.0).dtype == tf.float32
+
+
+def test_equal_plain_attributes_are_one_tuple_and_others_keep_their_own():
+    x = constant(2, 3)
+    first, second = tf.reduce_sum(x, axis=1), tf.reduce_sum(x, axis=1)
+    assert first.attrs == (1, False) and first.attrs is second.attrs
+    # Equal but of other types (1 == True), or floats (-0.0 == 0.0): the
+    # node keeps the attributes it was given.
+    as_int, as_bool = (tf.reduce_sum(x, axis=1, keepdims=keepdims) for keepdims in (1, True))
+    assert [type(item) for item in as_int.attrs] == [int, int]
+    assert [type(item) for item in as_bool.attrs] == [int, bool]
+    negative, positive = (tf.nn.leaky_relu(x, alpha=alpha) for alpha in (-0.0, 0.0))
+    assert negative.attrs is not positive.attrs
+    assert math.copysign(1.0, negative.attrs[0]) == -1.0
+    assert math.copysign(1.0, positive.attrs[0]) == 1.0
 
 
 def test_unhashable_attributes_are_frozen():
