@@ -279,6 +279,21 @@ def test_compiles_stop_when_the_budget_is_spent(compiled, monkeypatch):
     assert stats["programs_not_compiled"] == {"compile budget of 1 spent": 2}
 
 
+def test_without_tensorflows_tape_api_programs_run_step_by_step(compiled, monkeypatch):
+    """Where TensorFlow's private tape module is missing, nothing compiles
+    and training still gives eager's losses and gradients."""
+    monkeypatch.setattr(program, "_tape", None)
+    tf.reset_stats()
+    rng = np.random.default_rng(13)
+    model = MODELS["tree_lstm"](rng)
+    for _ in range(2):
+        assert_matches_eager(model, model.random_examples(rng, 3))
+    stats = tf.stats()
+    assert stats["program_runs"] == 0 and stats["programs_compiled"] == 0
+    assert any("tensorflow.python.eager.record" in reason
+               for reason in stats["programs_not_compiled"]), stats["programs_not_compiled"]
+
+
 def test_a_reused_program_reads_this_minibatchs_shared_tensors():
     """A shared tensor is in the key by dtype and shape only: a program
     compiled for one minibatch's tensor reads the next minibatch's own."""

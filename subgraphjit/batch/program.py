@@ -44,6 +44,11 @@ from . import rules
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
 
+try:   # TensorFlow's tape, as tf.custom_gradient uses it (no public API)
+    from tensorflow.python.eager import record as _tape
+except ImportError:   # programs then run step by step (_Compiled refuses)
+    _tape = None
+
 # Compiled programs are kept for this many distinct keys (least recently
 # used first out), so a run of ever-new shapes holds a bounded number.
 CAPACITY = 64
@@ -226,6 +231,9 @@ class _Compiled:
     A program runs one call at a time."""
 
     def __init__(self, program):
+        if _tape is None:
+            raise TypeError("this TensorFlow has no tensorflow.python.eager.record, "
+                            "which joins a program to the user's tape")
         for kind in program.kinds:
             if kind.row.family == "layer":
                 # A Keras layer reads its variables inside the trace, not as
@@ -596,8 +604,7 @@ class _Compiled:
 
 def _tapes_paused():
     """No tape records the ops run in it."""
-    from tensorflow.python.eager import record
-    return record.stop_recording()
+    return _tape.stop_recording()
 
 
 def _record_operation(name, outputs, inputs, gradient):
@@ -605,8 +612,7 @@ def _record_operation(name, outputs, inputs, gradient):
     them, with ``gradient`` (upstream per output -> one per input, or None).
     TensorFlow's tf.custom_gradient does the same, with an identity op
     per output and a second read of each variable."""
-    from tensorflow.python.eager import record
-    record.record_operation(name, outputs, inputs, gradient)
+    _tape.record_operation(name, outputs, inputs, gradient)
 
 
 def _replayed(a, b, transpose_b, product):
@@ -720,8 +726,4 @@ def run(program, compiled, graph, statistics):
 
 
 def _could_record():
-    try:
-        from tensorflow.python.eager import record
-        return record.could_possibly_record()
-    except (ImportError, AttributeError):
-        return True
+    return _tape is None or _tape.could_possibly_record()
