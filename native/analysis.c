@@ -331,7 +331,7 @@ done:
     return status;
 }
 
-static PyObject *
+PyObject *
 int_list(const Py_ssize_t *items, Py_ssize_t count)
 {
     PyObject *list = PyList_New(count);

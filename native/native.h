@@ -152,6 +152,10 @@ int add_operand_types(PyObject *module);
  * is no such list. */
 PyObject *int_list_spec(PyObject *operand);
 
+/* analysis.c: a new list of ``count`` Python ints, or NULL with an
+ * exception set. */
+PyObject *int_list(const Py_ssize_t *items, Py_ssize_t count);
+
 /* analysis.c: the batching analysis over integer arrays; adds its
  * functions to the module (0, or -1 with an exception set). */
 int add_analysis_functions(PyObject *module);

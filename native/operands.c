@@ -243,18 +243,13 @@ sources_view_item(PyObject *self, Py_ssize_t index)
     if (*slot != NULL)
         return Py_NewRef(*slot);
     Py_ssize_t first = table->source_first[index];
-    Py_ssize_t count = table->source_first[index + 1] - first;
-    PyObject *tuple = PyTuple_New(count);
+    /* (Asked for rarely, by Python code: the list is a step, not a cost.) */
+    PyObject *list = int_list(&table->sources[first],
+                              table->source_first[index + 1] - first);
+    PyObject *tuple = list == NULL ? NULL : PyList_AsTuple(list);
+    Py_XDECREF(list);
     if (tuple == NULL)
         return NULL;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *number = PyLong_FromSsize_t(table->sources[first + k]);
-        if (number == NULL) {
-            Py_DECREF(tuple);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(tuple, k, number);
-    }
     *slot = Py_NewRef(tuple);
     return tuple;
 }

@@ -287,16 +287,24 @@ def test_a_pattern_without_a_batch_rule_runs_per_instance(parameters):
                for reason in stats["unbatched"]), stats["unbatched"]
 
 
+@pytest.fixture
+def auto_trial(parameters, monkeypatch):
+    """``auto`` granularity, patterns after one minibatch, programs compiled
+    at their second sighting, and the trial's clock the test's: a one-item
+    list whose value the test advances."""
+    parameters(granularity="auto", collect=1, compile=2)
+    now = [0.0]
+    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    return now
+
+
 @pytest.mark.parametrize("faster", ["op", "subgraph"])
-def test_auto_granularity_times_both_units_and_keeps_the_faster(parameters, faster,
-                                                               monkeypatch):
+def test_auto_granularity_times_both_units_and_keeps_the_faster(auto_trial, faster):
     """``auto`` collects, runs each unit until its program is compiled,
     times it, and keeps the unit with the fewer seconds per node; every
     minibatch, on trial or after, equals eager TensorFlow.  The clock is
     the test's: each minibatch costs what the test says its unit costs."""
-    parameters(granularity="auto", collect=1, compile=2)
-    now = [0.0]
-    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    now = auto_trial
     rng = np.random.default_rng(21)
     model = MODELS["tree_lstm"](rng)
     units = []
@@ -341,12 +349,10 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
 
 @pytest.mark.parametrize("ratio,turns", [(1.2, len(search.Trial.TIMED)), (3.0, 4)])
 def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
-        parameters, monkeypatch, ratio, turns):
+        auto_trial, ratio, turns):
     """Two turns each, and every time of one unit ``SEPARATED`` times below
     every time of the other, decide; closer times take every turn."""
-    parameters(granularity="auto", collect=1, compile=2)
-    now = [0.0]
-    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    now = auto_trial
     rng = np.random.default_rng(24)
     model = MODELS["tree_lstm"](rng)
     timed = []
@@ -362,14 +368,11 @@ def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
     assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
 
 
-def test_auto_granularity_chooses_for_training_and_inference_apart(parameters,
-                                                                   monkeypatch):
+def test_auto_granularity_chooses_for_training_and_inference_apart(auto_trial):
     """A trial per mode: training (under our tape) and inference alternate,
     each costing what the test's clock says, and each mode keeps its own
     faster unit; inference values equal eager TensorFlow's throughout."""
-    parameters(granularity="auto", collect=1, compile=2)
-    now = [0.0]
-    monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
+    now = auto_trial
     rng = np.random.default_rng(22)
     model = MODELS["tree_lstm"](rng)
     cheaper = {"training": "subgraph", "inference": "op"}

@@ -536,10 +536,10 @@ class _Compiled:
     # -- one call --------------------------------------------------------------
     def __call__(self, program, recording):
         """The program's buffers, computed; while a tape could record
-        (``recording``), one op whose gradient is the backward call.  Only what can carry a
-        gradient to the user passes through that op: rows of nodes
-        evaluated earlier (in trainable buffers), shared tensors and the
-        variables."""
+        (``recording``), one op whose gradient is the backward call.  Only
+        what can carry a gradient to the user passes through that op: rows
+        of nodes evaluated earlier (in trainable buffers), shared tensors
+        and the variables."""
         arrays = [tf.constant(program.steps), tf.constant(program.rows),
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
@@ -547,44 +547,41 @@ class _Compiled:
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
         values = _Shared(program).values
+        # A variable's read is an op the tape records (and a
+        # tf.custom_gradient's VariableWatcher sees): the gradient given
+        # for the value read reaches the variable, an IndexedSlices as is.
+        shared = [tf.convert_to_tensor(value) if is_variable(value) else value
+                  for value in values]
         if not recording:   # inference: no gradient to join to a tape
-            outputs = overlap.call(self.forward, [*arrays, *inputs, *[
-                tf.convert_to_tensor(value) if is_variable(value) else value
-                for value in values]])
-            return outputs[:len(self.buffers)]
+            return overlap.call(self.forward, [*arrays, *inputs, *shared])[:len(self.buffers)]
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
-        # A variable's read is an op the tape records (and a
-        # tf.custom_gradient's VariableWatcher sees): the gradient given
-        # for the value read reaches the variable, an IndexedSlices as is.
-        shared = [tf.convert_to_tensor(value) if is_variable(value) else value
-                  for value in values]
-        with _tapes_paused():
+        with _tape.stop_recording():
             outputs = overlap.call(self.forward, [*arrays, *inputs, *shared])
         buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
-        compiled = self
 
         def gradient(*upstream):
             adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
                         else tf.convert_to_tensor(upstream[b])
-                        for b in compiled.trainable]
+                        for b in self.trainable]
             # (Queued since GradientTape.gradient: overlap.py.)
             input_gradients, shared_gradients = overlap.call(
-                compiled.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
-            by_buffer = dict(zip(compiled.trainable, input_gradients))
+                self.backward, [*arrays, *buffers, *shared, *adjoints, *lists])
+            by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
                 _gradient(value, gradient) if number in used else None
                 for number, (value, gradient) in enumerate(zip(shared, shared_gradients))]
 
-        # One op on the tape: the program, whose gradient is the backward
-        # call.  (The forward ran with the tapes paused, so they hold
-        # none of the loop's ops.)
-        _record_operation("subgraphjit_program", buffers,
-                          [inputs[b] for b in carried] + shared, gradient)
+        # One op on the tapes watching its inputs: the program, whose
+        # gradient is the backward call (upstream per output -> one per
+        # input, or None).  The forward ran with the tapes paused, so they
+        # hold none of the loop's ops.
+        _tape.record_operation("subgraphjit_program", buffers,
+                               [inputs[b] for b in carried] + shared, gradient)
         return buffers
 
     def _inputs(self, program, buffer):
@@ -600,19 +597,6 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-
-
-def _tapes_paused():
-    """No tape records the ops run in it."""
-    return _tape.stop_recording()
-
-
-def _record_operation(name, outputs, inputs, gradient):
-    """One op on the tapes watching any of ``inputs``: ``outputs`` from
-    them, with ``gradient`` (upstream per output -> one per input, or None).
-    TensorFlow's tf.custom_gradient does the same, with an identity op
-    per output and a second read of each variable."""
-    _tape.record_operation(name, outputs, inputs, gradient)
 
 
 def _replayed(a, b, transpose_b, product):
