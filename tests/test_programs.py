@@ -461,6 +461,28 @@ def test_products_kept_by_the_forward_give_eager_gradients(compiled, dtype):
     assert_compiled_pattern_matches_eager(loss, [first, second], rng, dtype)
 
 
+def test_weight_gradients_summed_after_the_loop_give_eager_gradients(compiled):
+    """The backward leaves a shared weight's gradient to one product of all
+    steps' rows after its loop, and multiplies rows by the weight
+    transposed once: a weight in two products of a pattern and also read
+    elementwise, with rows added, subtracted and multiplied (the
+    backward's own gradients for operands of the same rows), gives
+    eager's values and gradients."""
+    rng = np.random.default_rng(29)
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+    bias = tensorflow.Variable(rng.normal(size=(1, 3)).astype(np.float32))
+
+    def loss(module, rows):
+        terms = []
+        for row in rows:
+            first = module.tanh(module.matmul(row, weight) + bias)
+            second = module.sigmoid(module.matmul(first - row, weight))
+            terms.append(module.reduce_sum(first * second + second * weight[0:1]))
+        return module.add_n(terms)
+
+    assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, np.float32)
+
+
 def assert_compiled_pattern_matches_eager(loss, variables, rng, dtype):
     """``loss(module, rows)`` over four random (1, 3) rows, three times
     (collect, then compiled): values and the variables' gradients as

@@ -58,7 +58,53 @@ def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
     """Elementwise and broadcasting ops, matmul, losses: the op broadcasts
     over the batch axis by itself once ranks are aligned."""
     output_rank = len(output_spec.shape)
-    return row.call(_aligned(values, shared, ranks, output_rank, count), attrs)
+    aligned = _aligned(values, shared, ranks, output_rank, count)
+    if (_rows_hook is not None and row.name in ROWS_GRADIENTS and not any(shared)
+            and _same_rows(*aligned)):
+        return _rows_hook(row.name, *aligned, lambda: row.call(aligned, attrs))
+    return row.call(aligned, attrs)
+
+
+# The gradients of binary ops on two operands of one shape, stacked rows
+# against stacked rows: TensorFlow's own gradients, where a shape is only
+# known at run time (a step's row count), add a Shape, a
+# BroadcastGradientArgs, and a Sum and a Reshape per operand, to find that
+# nothing broadcasts.  (upstream, x, y) -> (gradient of x, of y)
+ROWS_GRADIENTS = {
+    "operator.add": lambda g, x, y: (g, g),
+    "math.add": lambda g, x, y: (g, g),
+    "operator.sub": lambda g, x, y: (g, -g),
+    "math.subtract": lambda g, x, y: (g, -g),
+    "operator.mul": lambda g, x, y: (g * y, g * x),
+    "math.multiply": lambda g, x, y: (g * y, g * x),
+}
+
+# Where such ops go while a compiled program's backward traces (``rows_ops``).
+_rows_hook = None
+
+
+def _same_rows(*operands):
+    """Two tensors of one real dtype and one static shape past the rows (the
+    rows of a step: one count), so that neither broadcasts."""
+    if len(operands) != 2 or not all(isinstance(x, tf.Tensor) for x in operands):
+        return False
+    x, y = operands
+    return (x.dtype == y.dtype and x.dtype.is_floating
+            and x.shape.rank is not None and x.shape.rank >= 1
+            and x.shape[1:].is_fully_defined() and x.shape[1:] == y.shape[1:]
+            and y.shape.rank == x.shape.rank)
+
+
+@contextlib.contextmanager
+def rows_ops(hook):
+    """Route each binary op of ``ROWS_GRADIENTS`` on two operands of the same
+    rows traced in this block through ``hook(name, x, y, compute)``."""
+    global _rows_hook
+    outer, _rows_hook = _rows_hook, hook
+    try:
+        yield
+    finally:
+        _rows_hook = outer
 
 
 # Where plain products go while a compiled program traces (``products``).
