@@ -64,7 +64,8 @@ PARAMETERS = {
         "P_Freq: occurrences per input that make a subgraph frequent (thesis 4.1)"),
     "collect": Parameter(
         3, int, _positive_int,
-        "P_Collect: minibatches used to collect pattern statistics (thesis 4.7)"),
+        "P_Collect: minibatches used to collect pattern statistics (thesis 4.7; "
+        "fewer once they hold 50,000 recorded nodes)"),
     "equivalence": Parameter(
         "signature", str, _one_of("shape", "structure", "signature"),
         "when two subgraphs are the same pattern (thesis 4.2): equal ops and "

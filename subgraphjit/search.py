@@ -1,6 +1,7 @@
 """Frequent-subgraph search and replacement (thesis sections 4.5-4.7, 5.5).
 
-Stage 1, collection: over the first ``collect`` evaluations, a queue search
+Stage 1, collection: over the first ``collect`` evaluations (fewer if
+they hold ``COLLECT_NODES`` nodes), a queue search
 from each root encodes the subgraph under every node it pops (to ``depth``),
 counts the signature, and goes on from that subgraph's inputs.  Afterwards
 the signatures seen at least ``freq`` times per input become patterns, each
@@ -44,6 +45,12 @@ from .patch.node import VirtualNode
 from .patch.record import ACCESS
 from .signature import Signer, Template, has_value_operand
 
+# Collection also ends once it has seen this many nodes, however few
+# evaluations that took: a 256-tree minibatch of the Tree-LSTM holds
+# 170,000 (three of 25 trees: 52,000), and every collected evaluation costs
+# about 6 us a node in Python and runs op by op.
+COLLECT_NODES = 50_000
+
 
 class PatternSearch:
     """Collection statistics and frequent patterns, across evaluations."""
@@ -56,6 +63,7 @@ class PatternSearch:
     def reset(self):
         self.minibatches = 0
         self.inputs = 0
+        self.nodes = 0
         self.counts = collections.Counter()
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
@@ -102,7 +110,8 @@ class PatternSearch:
             self._collect(roots, signer, depth)
             self.minibatches += 1
             self.inputs += len(roots)
-            if self.minibatches >= settings[3]:
+            self.nodes += len(nodes)
+            if self.minibatches >= settings[3] or self.nodes >= COLLECT_NODES:
                 self._select(settings[2])
             return nodes
         return self._replace(roots, signer, depth)
@@ -217,7 +226,7 @@ class Trial:
 
     UNITS = ("op", "subgraph")
     TIMED = ("op", "subgraph", "subgraph", "op") * 2
-    SEPARATED = 1.5
+    SEPARATED = 1.25
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, mode):

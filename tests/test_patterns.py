@@ -213,6 +213,23 @@ def test_statistics_collect_then_replace(parameters):
     assert stats["patterns"] == len(frequent)
 
 
+def test_collection_ends_early_once_it_has_seen_enough_nodes(parameters, monkeypatch):
+    """``collect`` minibatches, or fewer once they hold
+    ``search.COLLECT_NODES`` nodes: a large first minibatch alone."""
+    parameters(granularity="subgraph", collect=3, freq=1)
+    rng = np.random.default_rng(1)
+    model = MODELS["tree_gru"](rng)
+    monkeypatch.setattr(search, "COLLECT_NODES", 10 ** 9)
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    assert tf.patterns() == []   # one of three minibatches
+    tf.reset_patterns()
+    monkeypatch.setattr(search, "COLLECT_NODES", 20)
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    assert tf.patterns()         # its nodes were enough
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    assert tf.stats()["pattern_matches"] > 0
+
+
 @pytest.mark.parametrize("level", signatures.LEVELS)
 def test_matching_agrees_with_signatures(level):
     """``Signer.match`` (fast, top-down) finds a template exactly where the
