@@ -215,10 +215,6 @@ def _scratch(shape, dtype):
                        shape=tf.TensorShape(shape), trainable=False)
 
 
-def _zeros(count, shape, dtype):
-    return tf.zeros(tf.concat([[count], tf.constant(shape, tf.int32)], 0), dtype)
-
-
 def _numbers(places):
     """Every shared-argument number in a kind's ``places``."""
     for key, number in places.items():
@@ -298,15 +294,21 @@ class _Compiled:
 
     # -- the forward -----------------------------------------------------------
     def _forward(self, *arguments):
-        """Every buffer, computed: zeros for the steps' rows, then the
-        inputs' rows, written step by step; then the lists of the steps'
-        products (``_keep``)."""
+        """Every buffer, computed: room for the steps' rows (uninitialized:
+        each is written by its step before anything reads it; zeros cost
+        a pass over the buffer), then the inputs' rows, written step by
+        step; then the lists of the steps' products (``_keep``)."""
         table, rows, sizes = arguments[:3]
         count = len(self.buffers)
         inputs = arguments[3:3 + count]
         shared = list(arguments[3 + count:])
         for b, (dtype, shape) in enumerate(self.buffers):
-            self.values[b].assign(tf.concat([_zeros(sizes[b], shape, dtype), inputs[b]], 0))
+            given = tf.shape(inputs[b])[0]
+            self.values[b].assign(tf.raw_ops.Empty(
+                shape=tf.concat([[sizes[b] + given], tf.constant(shape, tf.int32)], 0),
+                dtype=dtype, init=False))
+            self.values[b].scatter_update(tf.IndexedSlices(
+                inputs[b], tf.range(sizes[b], sizes[b] + given)))
 
         def step(s, *lists):
             info = tf.unstack(tf.gather(table, s), num=self.width)
