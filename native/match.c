@@ -793,14 +793,12 @@ rewrite(Node *node, PyObject *entry, Run *run)
  * memory; waiting for each in turn was most of the search's time (perf:
  * half of run_program's samples on the first read of a child).  A node's
  * operands are asked for when it is queued and again, with theirs, when
- * it is visited.  (A prefetch never faults: any address will do.) */
+ * it is visited (``prefetch_node``). */
 static inline void
 prefetch_inputs(Node *node)
 {
-    for (int i = 0; i < node->input_count; i++) {
-        __builtin_prefetch(node->inputs[i]);
-        __builtin_prefetch((char *)node->inputs[i] + 64);
-    }
+    for (int i = 0; i < node->input_count; i++)
+        prefetch_node(node->inputs[i]);
 }
 
 static inline void

@@ -440,7 +440,7 @@ def test_a_pattern_looking_up_a_variables_rows_keeps_an_entry_each(compiled):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_products_kept_by_the_forward_give_eager_gradients(compiled, dtype):
-    """The backward replays the products the forward kept (rules.products):
+    """The backward replays the products the forward kept (rules.hooks):
     a pattern's products with a transposed weight, an adjoint one and a
     constant matrix, in float32 and float64, give eager's values and
     gradients; and a chain of products reads each its own kept value."""

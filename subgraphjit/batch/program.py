@@ -16,7 +16,7 @@ written once, so the final buffers hold every step's operands), takes the
 step's local gradient with a GradientTape inside the trace, and adds the
 operands' gradients into adjoint buffers.  The recomputation skips the
 steps' matrix products, the bulk of the work: the forward keeps each product
-in a list, and the backward replays it (``rules.products``).  Gradients of
+in a list, and the backward replays it (``rules.hooks``).  Gradients of
 shared operands are summed over the steps, except rows of a variable looked up (``tf.gather``,
 embedding lookups), which are kept as entries, so the variable's gradient is
 the IndexedSlices eager TensorFlow gives, with an entry per lookup.
@@ -64,7 +64,7 @@ BUDGET = 24
 # ops of a BiLSTM: 122 kinds for 214 steps) ran slower than its eager
 # launch (benchmarks/models.py).
 MAX_KINDS = 16
-# Products (``rules.products``) a step keeps for the backward, at most: the
+# Products (``rules.hooks``) a step keeps for the backward, at most: the
 # forward's list of them holds this many places per step.
 KEPT_PRODUCTS = 8
 
@@ -165,14 +165,17 @@ PROGRAMS = Programs()
 class _Kept(collections.namedtuple(
         "_Kept", "place shape shared inner transpose_b")):
     """A product the forward keeps: its list and static shape; the number
-    of its shared operand (None: not one), that operand's inner size, and
-    whether the operand is transposed."""
+    of its shared operand (None: not one); the width of its rows operand;
+    and whether the shared operand is transposed."""
 
 
-class _Trace(collections.namedtuple("_Trace", "rows shared lists transposed")):
+class _Trace(collections.namedtuple("_Trace", "rows shared lists transposed sites")):
     """What every step of the backward's trace reads: the operand rows, the
-    shared values, the forward's lists of products, and each shared weight
-    transposed, by number."""
+    shared values, the forward's lists of products, each shared weight
+    transposed, by number, and the weight sites: the kept products, by
+    (kind number, product number), whose shared operand's gradient is a
+    sum over the steps, made one product of all steps' rows after the loop
+    rather than a weight-sized product and sum per step."""
 
 
 class _Shared:
@@ -319,7 +322,7 @@ class _Compiled:
                     operand_rows, places = self._indices(kind_number, info, rows)
                     values = self._operands(kind_number, operand_rows, shared)
                     kept = list(lists)
-                    with rules.products(self._keep(kind_number, s, kept, shared)):
+                    with rules.hooks(products=self._keep(kind_number, s, kept, shared)):
                         results = self._run(kind_number, values, shared, info[1])
                     for number, buffer in enumerate(kind.outputs):
                         if buffer is not None:
@@ -340,7 +343,7 @@ class _Compiled:
             return [value.read_value() for value in self.values] + list(done[1:])
 
     def _keep(self, kind_number, s, lists, shared):
-        """The forward's ``rules.products`` hook for step ``s``: each product
+        """The forward's products hook (``rules.hooks``) for step ``s``: each product
         computed and put in its dtype's list (``lists``, replaced in place),
         where the backward's ``_replay`` finds it."""
         number = itertools.count()
@@ -358,7 +361,7 @@ class _Compiled:
         return keep
 
     def _replay(self, kind_number, s, trace, local_shared, deferred):
-        """The backward's ``rules.products`` hook for step ``s``: the product
+        """The backward's products hook (``rules.hooks``) for step ``s``: the product
         the forward kept, with the product's gradient (which reads its
         operands only, so that the recomputed product is never run).
 
@@ -368,12 +371,11 @@ class _Compiled:
         product with ``transpose_b`` repacks the weight at every step: the
         Tree-LSTM's row products took 2.9 ms of a 25-tree backward, 1.75
         ms by the transposed weight), and the weight's own
-        gradient, when a sum over the steps (``_weight_sites``), is left to
+        gradient, when a sum over the steps (``trace.sites``), is left to
         one product after the loop: the step puts its operand rows and the
         product's upstream rows in ``deferred`` instead of computing and
         adding a weight-sized product."""
         number = itertools.count()
-        weight_sites = self._weight_sites()
 
         def replay(a, b, transpose_b, compute):
             j = next(number)
@@ -387,13 +389,13 @@ class _Compiled:
             b = tf.convert_to_tensor(b, a.dtype)
             site = (kind_number, j)
             # The shared value itself (not, say, a slice of it)?
-            shared = kept.shared is not None and b is local_shared[kept.shared]
-            deferring = shared and site in weight_sites
+            whole = kept.shared is not None and b is local_shared[kept.shared]
+            deferring = whole and site in trace.sites
 
             def gradient(upstream):
                 if transpose_b:
                     of_a = tf.matmul(upstream, b)
-                elif shared:
+                elif whole:
                     of_a = tf.matmul(upstream, trace.transposed[kept.shared])
                 else:
                     of_a = tf.matmul(upstream, b, transpose_b=True)
@@ -492,7 +494,9 @@ class _Compiled:
         trace = _Trace(rows, shared, lists, {
             kept.shared: tf.transpose(shared[kept.shared])
             for kept in self.kept.values()
-            if kept.shared is not None and not kept.transpose_b})
+            if kept.shared is not None and not kept.transpose_b}, {
+            site: kept for site, kept in sorted(self.kept.items())
+            if kept.shared in self.sums})
         for b, upstream in zip(self.trainable, upstreams):
             self.adjoints[b].assign(upstream)
         for number, total in self.sums.items():
@@ -506,9 +510,9 @@ class _Compiled:
                                        element_shape=(None, *shared[number].shape[1:])),
                         tf.TensorArray(tf.int32, size=0, dynamic_size=True,
                                        infer_shape=False, element_shape=(None,))]
-        # Per weight site (``_weight_sites``): its steps' operand rows and
+        # Per weight site (``trace.sites``): its steps' operand rows and
         # their products' upstream rows, multiplied once after the loop.
-        sites = self._weight_sites()
+        sites = trace.sites
         weights = [tf.raw_ops.EmptyTensorList(
             element_shape=tf.constant([-1, size], tf.int32), max_num_elements=-1,
             element_dtype=shared[kept.shared].dtype)
@@ -551,14 +555,6 @@ class _Compiled:
             inputs = [self.adjoints[b].read_value()[sizes[b]:] for b in self.trainable]
         return inputs, gradients
 
-    def _weight_sites(self):
-        """The kept products whose shared operand's gradient is a sum over
-        the steps, by (kind number, product number): their gradients are
-        one product of all steps' rows rather than a weight-sized product
-        and sum per step."""
-        return {site: kept for site, kept in sorted(self.kept.items())
-                if kept.shared in self.sums}
-
     def _step_gradient(self, kind_number, info, k, s, trace, entries, weights):
         """One step of the backward: its local gradient, given the upstream
         rows of its outputs, added into the operands' adjoint rows, the
@@ -580,9 +576,9 @@ class _Compiled:
             for position in watched:
                 tape.watch(values[position])
             deferred = {}
-            with rules.products(self._replay(kind_number, s, trace, local_shared,
-                                             deferred)), \
-                    rules.rows_ops(_rows_op):
+            with rules.hooks(products=self._replay(kind_number, s, trace, local_shared,
+                                                   deferred),
+                             rows=_rows_op):
                 results = self._run(kind_number, values, local_shared, info[1])
         outputs, upstream = [], []
         for number, buffer in enumerate(kind.outputs):
@@ -616,7 +612,7 @@ class _Compiled:
             entries[2 * place] = entries[2 * place].write(k, values_part)
             entries[2 * place + 1] = entries[2 * place + 1].write(k, indices_part)
         weights = list(weights)
-        for place, site in enumerate(self._weight_sites()):
+        for place, site in enumerate(trace.sites):
             if site in deferred:
                 for half, rows_of_site in enumerate(deferred[site]):
                     weights[2 * place + half] = tf.raw_ops.TensorListPushBack(

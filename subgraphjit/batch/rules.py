@@ -59,9 +59,10 @@ def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
     over the batch axis by itself once ranks are aligned."""
     output_rank = len(output_spec.shape)
     aligned = _aligned(values, shared, ranks, output_rank, count)
-    if (_rows_hook is not None and row.name in ROWS_GRADIENTS and not any(shared)
+    hook = _hooks["rows"]
+    if (hook is not None and row.name in ROWS_GRADIENTS and not any(shared)
             and _same_rows(*aligned)):
-        return _rows_hook(row.name, *aligned, lambda: row.call(aligned, attrs))
+        return hook(row.name, *aligned, lambda: row.call(aligned, attrs))
     return row.call(aligned, attrs)
 
 
@@ -79,9 +80,6 @@ ROWS_GRADIENTS = {
     "math.multiply": lambda g, x, y: (g * y, g * x),
 }
 
-# Where such ops go while a compiled program's backward traces (``rows_ops``).
-_rows_hook = None
-
 
 def _same_rows(*operands):
     """Two tensors of one real dtype and one static shape past the rows (the
@@ -95,37 +93,28 @@ def _same_rows(*operands):
             and y.shape.rank == x.shape.rank)
 
 
-@contextlib.contextmanager
-def rows_ops(hook):
-    """Route each binary op of ``ROWS_GRADIENTS`` on two operands of the same
-    rows traced in this block through ``hook(name, x, y, compute)``."""
-    global _rows_hook
-    outer, _rows_hook = _rows_hook, hook
-    try:
-        yield
-    finally:
-        _rows_hook = outer
-
-
-# Where plain products go while a compiled program traces (``products``).
-_product_hook = None
+# Where a compiled program's trace routes some ops (``hooks``).
+_hooks = {"products": None, "rows": None}
 
 
 @contextlib.contextmanager
-def products(hook):
-    """Route every plain product that a batch rule traces in this block
-    through ``hook(a, b, transpose_b, compute)``, which returns the product
-    of the rows ``a`` and the shared ``b`` (``compute()`` computes it).  A
-    compiled program's forward keeps the products it computes, and its
-    backward replays them instead of computing them again (batch/program.py):
-    the gradient of a product needs its operands, not its value, but the
-    ops after it in a pattern need the value."""
-    global _product_hook
-    outer, _product_hook = _product_hook, hook
+def hooks(products=None, rows=None):
+    """While a compiled program traces this block, route through
+    ``products(a, b, transpose_b, compute)`` every plain product a batch
+    rule traces, which returns the product of the rows ``a`` and the
+    shared ``b`` (``compute()`` computes it): the forward keeps the
+    products it computes, and the backward replays them instead of
+    computing them again (batch/program.py; the gradient of a product
+    needs its operands, not its value, but the ops after it in a pattern
+    need the value).  And route through ``rows(name, x, y, compute)`` each
+    binary op of ``ROWS_GRADIENTS`` on two operands of the same rows: the
+    backward records it with its gradient for that case."""
+    outer = dict(_hooks)
+    _hooks.update(products=products, rows=rows)
     try:
         yield
     finally:
-        _product_hook = outer
+        _hooks.update(outer)
 
 
 def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
@@ -143,10 +132,11 @@ def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
         def compute():
             return row.call([a, values[1]], attrs)
 
-        if _product_hook is None or not output_spec.dtype.is_floating:
+        hook = _hooks["products"]
+        if hook is None or not output_spec.dtype.is_floating:
             product = compute()
         else:   # real: an adjoint is a transpose
-            product = _product_hook(a, values[1], bool(
+            product = hook(a, values[1], bool(
                 options.get("transpose_b") or options.get("adjoint_b")), compute)
         return tf.reshape(product, (count, rows, product.shape[-1]))
     # Two stacked operands (MV-RNN) or higher ranks: a batched product.
