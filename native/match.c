@@ -73,7 +73,17 @@ typedef struct {
     PyObject *types;       /* op: attribute types, or NULL; constant: the type */
     PyObject *label;       /* op: spec label; input, label: label;
                               identity: kind; constant: the value */
+    /* op, input: a spec whose label this instruction found equal in the
+     * replace (or match) call numbered ``known_call``: the labels depend
+     * only on the spec within a call, and most nodes an instruction sees
+     * share a few interned specs, so the label's dict lookup and
+     * comparison run once per spec and call.  Held (specs are few). */
+    PyObject *known_spec;
+    unsigned long long known_call;
 } Instruction;
+
+/* Numbers the replace and match calls (for Instruction.known_spec). */
+static unsigned long long match_calls;
 
 typedef struct {
     PyObject_HEAD
@@ -94,6 +104,7 @@ program_dealloc(PyObject *self)
         Py_XDECREF(in->attrs);
         Py_XDECREF(in->types);
         Py_XDECREF(in->label);
+        Py_XDECREF(in->known_spec);
     }
     PyMem_Free(program->code);
     type->tp_free(self);
@@ -537,6 +548,19 @@ seen(Run *run, long long id)
     return 0;
 }
 
+static inline int
+known(Instruction *in, PyObject *spec)
+{
+    return in->known_spec == spec && in->known_call == match_calls;
+}
+
+static inline void
+remember(Instruction *in, PyObject *spec)
+{
+    Py_XSETREF(in->known_spec, Py_NewRef(spec));
+    in->known_call = match_calls;
+}
+
 /* Runs ``program`` from ``root``: 1 on a match (run's inputs and nodes are
  * the walk's), 0 if none, -1 with an exception set.  The root itself is
  * held by the caller. */
@@ -575,10 +599,13 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
                 return 0;
             if (node->spec == NULL)
                 return 0;
-            same = equal(cached(labels->spec_labels, node->spec,
-                                labels->spec_label, node->spec), in->label);
-            if (same <= 0)
-                return same;
+            if (!known(in, node->spec)) {
+                same = equal(cached(labels->spec_labels, node->spec,
+                                    labels->spec_label, node->spec), in->label);
+                if (same <= 0)
+                    return same;
+                remember(in, node->spec);
+            }
             break;
         }
         case CHILD: {
@@ -645,11 +672,14 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
             }
             if (node->spec == NULL)
                 return 0;
-            same = equal(cached(labels->input_labels, node->spec,
-                                labels->input_label, (PyObject *)node),
-                         in->label);
-            if (same <= 0)
-                return same;
+            if (!known(in, node->spec)) {
+                same = equal(cached(labels->input_labels, node->spec,
+                                    labels->input_label, (PyObject *)node),
+                             in->label);
+                if (same <= 0)
+                    return same;
+                remember(in, node->spec);
+            }
             run->seen[run->seen_count++] = node->id;
             run->inputs[run->input_count++] = (PyObject *)node;
             break;
@@ -725,6 +755,7 @@ match(PyObject *module, PyObject *args)
         idset_free(&labels.required);
         return NULL;
     }
+    match_calls++;
     Py_INCREF(root);
     int found = run_program((MatchProgram *)program, (Node *)root, &labels, &run);
     if (found > 0) {
@@ -933,6 +964,7 @@ replace(PyObject *module, PyObject *args)
             goto done;
         }
     }
+    match_calls++;
     if (enqueue(PySequence_Fast_ITEMS(root_list), PySequence_Fast_GET_SIZE(root_list),
                 0, &ids, &reached, &pending) < 0)
         goto done;

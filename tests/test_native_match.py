@@ -571,6 +571,35 @@ def test_odd_nodes_never_match_and_never_crash():
     assert len(reached) == 2 and reached[1] is odd and replaced == []
 
 
+def test_a_label_found_equal_for_one_spec_decides_nothing_for_another():
+    """An instruction remembers the last spec whose label it found equal,
+    for the rest of one replace call only: a node of another spec is still
+    compared, and the next call (another Signer, other labels) starts
+    afresh."""
+    row = ROWS_BY_NAME["math.sigmoid"]
+    wide, narrow = spec(tf.float32, (1, 4)), spec(tf.float32, (1, 3))
+    signer = Signer("shape", for_patterns=True)
+    program = _native.MatchProgram((
+        ("op", 0, row, 0, (), None, False, signer._spec_label(wide)), ("node", 0)))
+    candidates = {row: ((program, ROWS_BY_NAME["math.tanh"], ()),)}
+
+    def graph():
+        first = _native.next_node_id()
+        return [node(first + k, row, (), (), given)
+                for k, given in enumerate((wide, narrow, wide))]
+
+    nodes = graph()
+    reached, replaced = _native.replace(nodes, candidates, signer.match_labels())
+    assert [node.id for node in replaced] == [nodes[0].id, nodes[2].id]
+    assert nodes[1].row is row
+    # Labels that no longer match the remembered spec's: nothing matches.
+    relabelled = Signer("shape", for_patterns=True)
+    relabelled._spec_labels[wide] = "other"
+    nodes = graph()
+    reached, replaced = _native.replace(nodes, candidates, relabelled.match_labels())
+    assert replaced == []
+
+
 def test_errors_in_label_callbacks_propagate():
     program = _native.MatchProgram((("op", 0, ACCESS, 0, (), None, False, "x"),))
 
