@@ -389,7 +389,7 @@ PyObject *access_row;              /* ACCESS: output i of a multi-output op */
 static PyObject *scalar_specs;     /* {int: Spec, float: ..., bool: ...} */
 static PyObject *variable_types;   /* {type of each variable seen} */
 
-static PyObject *str_cache, *str_multi_output, *str_pending, *str_append,
+static PyObject *str_cache, *str_multi_output, *str_append,
                 *str_variable_spec, *str_datatype_enum, *str_shape_tuple;
 static PyObject *eager_tensor_type;  /* TensorFlow's EagerTensor */
 
@@ -449,12 +449,23 @@ forget_row(PyObject *row)
     }
 }
 
+/* ``context.pending``, which the context gives here whenever it changes
+ * (set_pending): the innermost scope's list of recorded nodes, or None. */
+static PyObject *pending_nodes;
+
+static PyObject *
+set_pending(PyObject *module, PyObject *nodes)
+{
+    Py_XSETREF(pending_nodes, Py_NewRef(nodes));
+    Py_RETURN_NONE;
+}
+
 static int
 append_pending(PyObject *node)
 {
-    PyObject *pending = PyObject_GetAttr(context, str_pending);
-    if (pending == NULL)
-        return -1;
+    if (pending_nodes == NULL || pending_nodes == Py_None)
+        return 0;
+    PyObject *pending = Py_NewRef(pending_nodes);   /* (append may run code) */
     int status = 0;
     if (PyList_CheckExact(pending)) {
         status = PyList_Append(pending, node);
@@ -703,6 +714,137 @@ shared_attrs(PyObject *attrs)
     return Py_NewRef(found);
 }
 
+/* The record cache: the output spec and the shared attributes of recent
+ * signatures, found without building the cache key.  ``row.cache`` stays
+ * the record of every signature (shape inference fills it); this table
+ * answers the common case in front of it: an op whose operands are at
+ * most RECORD_OPERANDS and whose attributes are a flat tuple of plain
+ * items (shared_attrs' condition).  Building, hashing and comparing the
+ * key tuples (the attributes, their types, the operand specs) and then
+ * sharing the attributes by a second lookup were most of record's own
+ * time.  An entry is keyed by the row and the operand specs by identity
+ * (specs are interned) and by the attributes item by item (same type and
+ * equal); it holds references to all of them, so no key's address is
+ * reused while it is cached.  Direct-mapped: a collision replaces. */
+#define RECORD_SLOTS 4096
+#define RECORD_OPERANDS 4
+typedef struct {
+    Py_uhash_t hash;
+    PyObject *row, *attrs, *spec;
+    Py_ssize_t count;
+    PyObject *specs[RECORD_OPERANDS];
+} RecordEntry;
+static RecordEntry record_cache[RECORD_SLOTS];
+
+/* The operand specs (new references) of ``inputs``, or -1 with an
+ * exception set (NotLazy for an operand the recorder cannot describe). */
+static int
+operand_specs(PyObject *inputs, PyObject **specs)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(inputs);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
+        if (Py_IS_TYPE(operand, node_type)) {
+            specs[i] = ((Node *)operand)->spec;
+            if (specs[i] == NULL) {
+                PyErr_SetString(PyExc_AttributeError,
+                                "an operand VirtualNode has no spec");
+            }
+            Py_XINCREF(specs[i]);
+        }
+        else {
+            specs[i] = foreign_spec(operand);
+        }
+        if (specs[i] == NULL) {
+            while (i-- > 0)
+                Py_DECREF(specs[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The hash of a signature, or -1 with an exception set (an unhashable
+ * item: never, for plain items). */
+static Py_hash_t
+record_hash(PyObject *row, PyObject *attrs, PyObject *const *specs,
+            Py_ssize_t count)
+{
+    Py_uhash_t hash = (Py_uhash_t)row >> 4;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attrs); i++) {
+        Py_hash_t item = PyObject_Hash(PyTuple_GET_ITEM(attrs, i));
+        if (item == -1)
+            return -1;
+        hash = (hash ^ (Py_uhash_t)item) * 1000003u;
+        hash ^= (Py_uhash_t)Py_TYPE(PyTuple_GET_ITEM(attrs, i)) >> 4;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        hash = (hash ^ ((Py_uhash_t)specs[i] >> 4)) * 1000003u;
+    hash ^= (Py_uhash_t)count;
+    return (Py_hash_t)(hash & ~(Py_uhash_t)1);   /* never -1 */
+}
+
+/* 1 if ``entry`` is this signature's, 0 if not, -1 with an exception set. */
+static int
+record_entry_is(RecordEntry *entry, Py_uhash_t hash, PyObject *row,
+                PyObject *attrs, PyObject *const *specs, Py_ssize_t count)
+{
+    if (entry->row != row || entry->hash != hash || entry->count != count)
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (entry->specs[i] != specs[i])
+            return 0;
+    Py_ssize_t size = PyTuple_GET_SIZE(attrs);
+    if (entry->attrs == attrs)
+        return 1;
+    if (PyTuple_GET_SIZE(entry->attrs) != size)
+        return 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *a = PyTuple_GET_ITEM(entry->attrs, i);
+        PyObject *b = PyTuple_GET_ITEM(attrs, i);
+        if (a == b)
+            continue;
+        if (Py_TYPE(a) != Py_TYPE(b))
+            return 0;
+        int same = PyObject_RichCompareBool(a, b, Py_EQ);
+        if (same <= 0)
+            return same;
+    }
+    return 1;
+}
+
+static void
+record_entry_set(RecordEntry *entry, Py_uhash_t hash, PyObject *row,
+                 PyObject *attrs, PyObject *spec, PyObject *const *specs,
+                 Py_ssize_t count)
+{
+    Py_ssize_t old_count = entry->count;
+    PyObject *old[3 + RECORD_OPERANDS] = {entry->row, entry->attrs, entry->spec};
+    for (Py_ssize_t i = 0; i < old_count; i++)
+        old[3 + i] = entry->specs[i];
+    entry->hash = hash;
+    entry->row = Py_NewRef(row);
+    entry->attrs = Py_NewRef(attrs);
+    entry->spec = Py_NewRef(spec);
+    entry->count = count;
+    for (Py_ssize_t i = 0; i < count; i++)
+        entry->specs[i] = Py_NewRef(specs[i]);
+    for (Py_ssize_t i = 0; i < 3 + old_count; i++)   /* last: may run code */
+        Py_XDECREF(old[i]);
+}
+
+/* Can the record cache hold this signature? */
+static int
+cacheable(PyObject *inputs, PyObject *attrs)
+{
+    if (PyTuple_GET_SIZE(inputs) > RECORD_OPERANDS || !PyTuple_CheckExact(attrs))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attrs); i++)
+        if (!plain_item(PyTuple_GET_ITEM(attrs, i)))
+            return 0;
+    return 1;
+}
+
 static PyObject *
 record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -725,11 +867,32 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     Node *node = NULL;
     int is_multi;
+    PyObject *specs[RECORD_OPERANDS];
+    Py_ssize_t spec_count = 0;
+    RecordEntry *entry = NULL;
+    Py_hash_t hash = 0;
 
     /* Held: shape inference below runs Python code. */
     PyObject *cache = Py_XNewRef(row_cache(row, &is_multi));
     if (cache == NULL)
         goto done;
+    if (cacheable(inputs, attrs)) {
+        if (operand_specs(inputs, specs) < 0)
+            goto done;
+        spec_count = PyTuple_GET_SIZE(inputs);
+        hash = record_hash(row, attrs, specs, spec_count);
+        if (hash == -1)
+            goto done;
+        entry = &record_cache[((Py_uhash_t)hash >> 3) % RECORD_SLOTS];
+        int found = record_entry_is(entry, hash, row, attrs, specs, spec_count);
+        if (found < 0)
+            goto done;
+        if (found) {
+            spec = Py_NewRef(entry->spec);
+            Py_SETREF(attrs, Py_NewRef(entry->attrs));
+            goto known;
+        }
+    }
     key = cache_key(inputs, attrs);
     if (key == NULL)
         goto done;
@@ -756,6 +919,7 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (spec == NULL && PyErr_Occurred())
             goto done;
     }
+known:
     /* Callers a frame further from the user (TensorFlow's dispatch, the
      * Keras layer hook) give the site they found. */
     site = nargs == 4 ? Py_NewRef(args[3]) : current_site();
@@ -771,9 +935,13 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (row_cache(row, &is_multi) == NULL)
             goto done;
     }
-    Py_SETREF(attrs, shared_attrs(attrs));
-    if (attrs == NULL)
-        goto done;
+    if (key != NULL) {   /* (not found in the record cache) */
+        Py_SETREF(attrs, shared_attrs(attrs));
+        if (attrs == NULL)
+            goto done;
+        if (entry != NULL)
+            record_entry_set(entry, hash, row, attrs, spec, specs, spec_count);
+    }
     node = new_node(next_id++, row, PySequence_Fast_ITEMS(inputs),
                     PyTuple_GET_SIZE(inputs), attrs, spec, site);
     if (node == NULL)
@@ -793,6 +961,8 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(cache);
     Py_XDECREF(attrs);
+    for (Py_ssize_t i = 0; i < spec_count; i++)
+        Py_DECREF(specs[i]);
     return result;
 }
 
@@ -842,6 +1012,9 @@ static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
     {"setup", (PyCFunction)(void (*)(void))setup,
      METH_VARARGS | METH_KEYWORDS, setup_doc},
+    {"set_pending", set_pending, METH_O,
+     "set_pending(nodes)\n--\n\nWhere record() appends each node it records: "
+     "the context's ``pending`` (a list, None, or anything with append)."},
     {"next_node_id", next_node_id, METH_NOARGS,
      "The id the next recorded node will get (takes none)."},
     {"slab_statistics", slab_statistics, METH_NOARGS,
@@ -866,7 +1039,6 @@ PyInit__native(void)
         return NULL;
     str_cache = PyUnicode_InternFromString("cache");
     str_multi_output = PyUnicode_InternFromString("multi_output");
-    str_pending = PyUnicode_InternFromString("pending");
     str_append = PyUnicode_InternFromString("append");
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
     str_datatype_enum = PyUnicode_InternFromString("_datatype_enum");
@@ -891,7 +1063,7 @@ PyInit__native(void)
         Py_DECREF(module);
         return NULL;
     }
-    if (str_cache == NULL || str_multi_output == NULL || str_pending == NULL
+    if (str_cache == NULL || str_multi_output == NULL
             || str_append == NULL || str_variable_spec == NULL
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL

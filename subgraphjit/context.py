@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any, Callable
 
+from . import _native
 from ._native import next_node_id, scope_leftovers  # next_node_id: the id the next node gets
 
 
@@ -204,6 +205,17 @@ class Context:
         return self.parameters[key]
 
     # -- scopes ------------------------------------------------------------
+    @property
+    def pending(self):
+        return self._pending
+
+    @pending.setter
+    def pending(self, nodes):
+        # Also given to the recorder (native/_native.c), which appends each
+        # node it records there without looking the attribute up per op.
+        self._pending = nodes
+        _native.set_pending(nodes)
+
     def open_scope(self):
         # Everything recorded in a scope stays alive until the scope closes,
         # so the cyclic collector can free none of it; left on, it would

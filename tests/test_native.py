@@ -105,6 +105,23 @@ def test_equal_plain_attributes_are_one_tuple_and_others_keep_their_own():
     assert math.copysign(1.0, positive.attrs[0]) == 1.0
 
 
+def test_more_signatures_than_the_record_cache_holds_keep_their_own_specs():
+    """record()'s cache in front of row.cache is direct-mapped (4096
+    entries): signatures that evict each other still get their own spec,
+    and its shared attributes, on every later record."""
+    x = tensorflow.constant([1, 2])
+    depths = range(1, 4500)
+    first = [tf.one_hot(x, depth) for depth in depths]
+    inferences = context.shape_inferences
+    again = [tf.one_hot(x, depth) for depth in reversed(depths)][::-1]
+    assert context.shape_inferences == inferences
+    for depth, before, after in zip(depths, first, again):
+        assert after.shape == (2, depth) and after.dtype == tf.float32
+        assert after.attrs == before.attrs
+        # (Sharing stops once 4096 attribute tuples are kept.)
+        assert after.attrs is before.attrs or depth > 4000
+
+
 def test_unhashable_attributes_are_frozen():
     node = tf.tanh(constant(2, 3))[:, 1]
     (frozen, index), = node.attrs
