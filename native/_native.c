@@ -31,7 +31,7 @@ static long long next_id;          /* the id the next node gets */
 int
 node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count)
 {
-    if (count > INT_MAX) {
+    if (count > MAX_INPUTS) {
         PyErr_SetString(PyExc_OverflowError, "too many inputs");
         return -1;
     }
@@ -42,18 +42,18 @@ node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count)
     }
     /* The old inputs are dropped last: kept aside (inline ones would be
      * overwritten) while the new ones are set. */
-    PyObject **old = node->inputs, *aside[INLINE_INPUTS];
+    PyObject **old = node_inputs(node), *aside[INLINE_INPUTS];
     Py_ssize_t old_count = node->input_count;
     if (old == node->inline_inputs) {
         memcpy(aside, old, old_count * sizeof(PyObject *));
         old = aside;
     }
-    if (fresh == NULL)
-        fresh = node->inline_inputs;
+    PyObject **target = fresh == NULL ? node->inline_inputs : fresh;
     for (Py_ssize_t i = 0; i < count; i++)
-        fresh[i] = Py_NewRef(items[i]);
-    node->inputs = fresh;
-    node->input_count = (int)count;
+        target[i] = Py_NewRef(items[i]);
+    if (fresh != NULL)
+        node->heap_inputs = fresh;
+    node->input_count = (unsigned int)count;
     for (Py_ssize_t i = 0; i < old_count; i++)
         Py_DECREF(old[i]);
     if (old != aside)
@@ -67,7 +67,7 @@ node_inputs_tuple(Node *node)
     PyObject *tuple = PyTuple_New(node->input_count);
     if (tuple != NULL)
         for (Py_ssize_t i = 0; i < node->input_count; i++)
-            PyTuple_SET_ITEM(tuple, i, Py_NewRef(node->inputs[i]));
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(node_input(node, i)));
     return tuple;
 }
 
@@ -82,15 +82,13 @@ new_node(long long id, PyObject *row, PyObject *const *inputs, Py_ssize_t count,
     node->id = id;
     node->consumers = 0;
     node->swallowed = 0;
-    node->inputs = node->inline_inputs;
+    node->batched = 0;
     node->input_count = 0;
     node->row = Py_NewRef(row);
     node->attrs = Py_NewRef(attrs);
     node->spec = Py_NewRef(spec);
-    node->result = Py_NewRef(Py_None);
+    node->value = Py_NewRef(Py_None);
     node->site = Py_NewRef(site);
-    node->batch = Py_NewRef(Py_None);
-    node->batch_row = Py_NewRef(Py_None);
     node->weakrefs = NULL;
     if (node_set_inputs(node, inputs, count) < 0) {
         Py_DECREF(node);
@@ -146,10 +144,128 @@ node_set_inputs_attribute(PyObject *self, PyObject *value, void *unused)
     return done;
 }
 
+/* ``result``, ``batch`` and ``batch_row``: the node's one ``value`` seen as
+ * the three fields Python code reads (native.h).  Setting ``result``
+ * replaces a batch's row; setting ``batch`` replaces a result, and keeps
+ * the row given before (set ``batch`` first, then ``batch_row``); setting
+ * ``batch`` to None forgets a batch's row (a result stays). */
+static PyObject *
+batch_part(Node *node, Py_ssize_t part)
+{
+    if (!node->batched || node->value == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(PyTuple_GET_ITEM(node->value, part));
+}
+
+static PyObject *
+node_get_result(PyObject *self, void *unused)
+{
+    Node *node = (Node *)self;
+    if (node->value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "result");
+        return NULL;
+    }
+    return node->batched ? Py_NewRef(Py_None) : Py_NewRef(node->value);
+}
+
+static int
+node_set_result(PyObject *self, PyObject *value, void *unused)
+{
+    Node *node = (Node *)self;
+    node->batched = 0;
+    Py_XSETREF(node->value, Py_XNewRef(value));   /* (del: NULL) */
+    return 0;
+}
+
+static PyObject *
+node_get_batch(PyObject *self, void *unused)
+{
+    return batch_part((Node *)self, 0);
+}
+
+static PyObject *
+node_get_batch_row(PyObject *self, void *unused)
+{
+    return batch_part((Node *)self, 1);
+}
+
+/* Sets ``value`` to (batch, row); 0, or -1 with an exception set. */
+static int
+set_batched(Node *node, PyObject *batch, PyObject *row)
+{
+    PyObject *pair = PyTuple_Pack(2, batch, row);
+    if (pair == NULL)
+        return -1;
+    node->batched = 1;
+    Py_XSETREF(node->value, pair);
+    return 0;
+}
+
+static int
+node_set_batch(PyObject *self, PyObject *batch, void *unused)
+{
+    Node *node = (Node *)self;
+    if (batch == NULL || batch == Py_None) {
+        if (node->batched) {
+            node->batched = 0;
+            Py_XSETREF(node->value, Py_NewRef(Py_None));
+        }
+        return 0;
+    }
+    PyObject *row = node->batched && node->value != NULL
+                    ? PyTuple_GET_ITEM(node->value, 1) : Py_None;
+    Py_INCREF(row);
+    int done = set_batched(node, batch, row);
+    Py_DECREF(row);
+    return done;
+}
+
+static int
+node_set_batch_row(PyObject *self, PyObject *row, void *unused)
+{
+    Node *node = (Node *)self;
+    if ((!node->batched || node->value == NULL) && (row == NULL || row == Py_None))
+        return 0;   /* no batch, no row */
+    if (!node->batched || node->value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "batch_row is set after batch: "
+                        "this node holds no batch");
+        return -1;
+    }
+    PyObject *batch = Py_NewRef(PyTuple_GET_ITEM(node->value, 0));
+    int done = set_batched(node, batch, row == NULL ? Py_None : row);
+    Py_DECREF(batch);
+    return done;
+}
+
+static PyObject *
+node_get_swallowed(PyObject *self, void *unused)
+{
+    return PyBool_FromLong(((Node *)self)->swallowed);
+}
+
+static int
+node_set_swallowed(PyObject *self, PyObject *value, void *unused)
+{
+    int truth = value == NULL ? 0 : PyObject_IsTrue(value);
+    if (truth < 0)
+        return -1;
+    ((Node *)self)->swallowed = truth;
+    return 0;
+}
+
 static PyGetSetDef node_getset[] = {
     {"inputs", node_get_inputs, node_set_inputs_attribute,
      "operands: VirtualNodes, tensors, variables or Python values (a tuple; "
      "assigning a tuple or list replaces them)", NULL},
+    {"result", node_get_result, node_set_result,
+     "the tf.Tensor once evaluated, else None", NULL},
+    {"batch", node_get_batch, node_set_batch,
+     "a batched result holding this node's value, else None", NULL},
+    {"batch_row", node_get_batch_row, node_set_batch_row,
+     "the row of ``batch`` holding this node's value", NULL},
+    {"swallowed", node_get_swallowed, node_set_swallowed,
+     "inside a matched pattern (or an output a compiled program did not "
+     "keep): computed only if asked for, not when its scope closes", NULL},
     {NULL},
 };
 
@@ -167,17 +283,16 @@ static void
 node_release(Node *node)
 {
     PyTypeObject *type = Py_TYPE(node);
+    PyObject **inputs = node_inputs(node);
     for (Py_ssize_t i = 0; i < node->input_count; i++)
-        Py_DECREF(node->inputs[i]);
-    if (node->inputs != node->inline_inputs)
-        PyMem_Free(node->inputs);
+        Py_DECREF(inputs[i]);
+    if (inputs != node->inline_inputs)
+        PyMem_Free(inputs);
     Py_XDECREF(node->row);
     Py_XDECREF(node->attrs);
     Py_XDECREF(node->spec);
-    Py_XDECREF(node->result);
+    Py_XDECREF(node->value);
     Py_XDECREF(node->site);
-    Py_XDECREF(node->batch);
-    Py_XDECREF(node->batch_row);
     slab_free(node);
     Py_DECREF(type);        /* instances of a heap type own a reference */
 }
@@ -210,21 +325,12 @@ static PyMemberDef node_members[] = {
      "global id, increasing: ids are a topological order"},
     {"consumers", T_INT, offsetof(Node, consumers), 0,
      "nodes recorded with this one as an operand"},
-    {"swallowed", T_BOOL, offsetof(Node, swallowed), 0,
-     "inside a matched pattern (or an output a compiled program did not "
-     "keep): computed only if asked for, not when its scope closes"},
     {"row", T_OBJECT_EX, offsetof(Node, row), 0, "the op-table row"},
     {"attrs", T_OBJECT_EX, offsetof(Node, attrs), 0,
      "the op's other arguments, hashable"},
     {"spec", T_OBJECT_EX, offsetof(Node, spec), 0, "output dtype and shape"},
-    {"result", T_OBJECT_EX, offsetof(Node, result), 0,
-     "the tf.Tensor once evaluated, else None"},
     {"site", T_OBJECT_EX, offsetof(Node, site), 0,
      "(code object, line) of the user's call, for error messages"},
-    {"batch", T_OBJECT_EX, offsetof(Node, batch), 0,
-     "a batched result holding this node's value, else None"},
-    {"batch_row", T_OBJECT_EX, offsetof(Node, batch_row), 0,
-     "the row of ``batch`` holding this node's value"},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(Node, weakrefs), READONLY},
     {NULL},
 };

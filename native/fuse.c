@@ -63,14 +63,14 @@ prefetch_ahead(PyObject *nodes, Py_ssize_t i, Py_ssize_t count)
     if (i + 4 < count) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i + 4);
         for (Py_ssize_t k = 0; k < node->input_count; k++)
-            prefetch_node(node->inputs[k]);
+            prefetch_node(node_input(node, k));
     }
     if (i + 2 < count) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i + 2);
         for (Py_ssize_t k = 0; k < node->input_count; k++) {
-            PyObject *operand = node->inputs[k];
+            PyObject *operand = node_input(node, k);
             if (is_node(operand) && ((Node *)operand)->input_count > 0)
-                prefetch_node(((Node *)operand)->inputs[0]);
+                prefetch_node(node_input((Node *)operand, 0));
         }
     }
 }

@@ -829,14 +829,14 @@ static inline void
 prefetch_inputs(Node *node)
 {
     for (int i = 0; i < node->input_count; i++)
-        prefetch_node(node->inputs[i]);
+        prefetch_node(node_input(node, i));
 }
 
 static inline void
 prefetch_below(Node *node)
 {
     for (int i = 0; i < node->input_count; i++) {
-        PyObject *operand = node->inputs[i];
+        PyObject *operand = node_input(node, i);
         if (is_node(operand)) {
             Node *child = (Node *)operand;
             __builtin_prefetch(child->attrs);
@@ -992,7 +992,7 @@ replace(PyObject *module, PyObject *args)
             }
         }
         /* On from its operands, or from the pattern's inputs it now has. */
-        if (enqueue(node->inputs, node->input_count, 1, &ids, &reached,
+        if (enqueue(node_inputs(node), node->input_count, 1, &ids, &reached,
                     &pending) < 0)
             goto done;
     }

@@ -26,25 +26,47 @@ typedef struct Node {
         struct Node *next_release;  /* while queued in node_dealloc */
     };
     int consumers;          /* nodes recorded with this one as an operand */
-    int input_count;
-    char swallowed;         /* inside a matched pattern, or an output a
-                               compiled program did not keep: computed only
-                               if asked for, not when its scope closes */
-    /* The operands (nodes, tensors, variables, values), held:
-     * inline_inputs, or a PyMem array when there are more.  In the node
-     * rather than in a tuple of its own, so that a walk over the graph
-     * reads one place per node; Python sees a tuple (``inputs``). */
-    PyObject **inputs;
+    unsigned int input_count : 30;
+    unsigned int swallowed : 1;   /* inside a matched pattern, or an output
+                                     a compiled program did not keep:
+                                     computed only if asked for, not when
+                                     its scope closes */
+    unsigned int batched : 1;     /* ``value`` is (batch, row) */
     PyObject *row;          /* the op-table row (OpRow) */
     PyObject *attrs;        /* the op's other arguments, hashable */
     PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
-    PyObject *result;       /* the tf.Tensor once evaluated, else None */
+    /* None until evaluated; then the tf.Tensor (``result`` in Python), or,
+     * with ``batched``, (batch, row): the value is row ``row`` of the
+     * batched tensor ``batch`` (``batch`` and ``batch_row``), taken out
+     * when asked for.  One field for both: a node holds one value. */
+    PyObject *value;
     PyObject *site;         /* (code, line) of the user's call, or None */
-    PyObject *batch;        /* a batched result holding this node's value */
-    PyObject *batch_row;    /* ... as this row of it */
     PyObject *weakrefs;
-    PyObject *inline_inputs[INLINE_INPUTS];
+    /* The operands (nodes, tensors, variables, values), held: inline up
+     * to INLINE_INPUTS, else a PyMem array whose address takes the inline
+     * slots' place.  In the node rather than in a tuple of its own, so
+     * that a walk over the graph reads one place per node; Python sees a
+     * tuple (``inputs``).  Read them through node_inputs. */
+    union {
+        PyObject *inline_inputs[INLINE_INPUTS];
+        PyObject **heap_inputs;
+    };
 } Node;
+
+/* A recorded op costs its node and little else (issue 17 asks at most 100
+ * bytes per op; benchmarks/record_cost.py measures it): a field more is a
+ * decision, not an accident. */
+_Static_assert(sizeof(Node) == 96, "VirtualNode's storage grew beyond 96 bytes");
+
+/* Most inputs a node can have (input_count's width). */
+#define MAX_INPUTS ((1 << 30) - 1)
+
+static inline PyObject **
+node_inputs(Node *node)
+{
+    return node->input_count > INLINE_INPUTS ? node->heap_inputs
+                                             : node->inline_inputs;
+}
 
 extern PyTypeObject *node_type;   /* VirtualNode, made in _native.c */
 
@@ -59,7 +81,8 @@ is_node(PyObject *object)
     return Py_IS_TYPE(object, node_type);
 }
 
-/* A node's memory (its two cache lines), asked for before it is read: a
+/* A node's memory (its two cache lines: 96 bytes from a 32-byte boundary of
+ * its chunk, slab.c), asked for before it is read: a
  * pass that reads nodes scattered in memory waits for each in turn
  * otherwise.  A prefetch never faults, so any pointer will do. */
 static inline void
@@ -74,7 +97,7 @@ prefetch_node(const void *node)
 static inline PyObject *
 node_input(Node *node, Py_ssize_t i)
 {
-    return node->inputs[i];
+    return node_inputs(node)[i];
 }
 
 /* _native.c: replace a node's inputs by ``count`` ``items`` (new
@@ -85,13 +108,13 @@ int node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count);
 /* A node's inputs as a new tuple (what Python sees), or NULL. */
 PyObject *node_inputs_tuple(Node *node);
 
-/* Unevaluated: no value yet, neither its own nor a row of a batch.  A field
+/* Unevaluated: no value yet, neither its own nor a row of a batch.  A value
  * deleted from Python (NULL) is not None, so such a node counts as
  * evaluated and is never read further. */
 static inline int
 unevaluated(Node *node)
 {
-    return node->result == Py_None && node->batch == Py_None;
+    return node->value == Py_None;
 }
 
 extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */

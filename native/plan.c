@@ -799,13 +799,18 @@ write_back(PyObject *module, PyObject *args)
                 goto swallow;
         }
         if (batch != NULL) {
-            Py_XSETREF(node->batch, batch);
-            Py_XSETREF(node->batch_row, batch_row);
+            PyObject *pair = PyTuple_Pack(2, batch, batch_row);
+            Py_CLEAR(batch);
+            Py_CLEAR(batch_row);
+            if (pair == NULL)
+                goto fail;
+            node->batched = 1;
+            Py_XSETREF(node->value, pair);
         }
         if (node_set_inputs(node, NULL, 0) < 0)
             goto fail;
         Py_XSETREF(node->site, Py_NewRef(Py_None));
-        if (node->consumers == 0 && node->batch != Py_None
+        if (node->consumers == 0 && node->batched
                 && PyList_Append(results, (PyObject *)node) < 0)
             goto fail;
         continue;

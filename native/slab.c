@@ -28,7 +28,7 @@
 
 #define CHUNK_BYTES ((size_t)64 * 1024)
 /* Empty chunks kept for the next minibatch, beyond which they go back to
- * the system: 32 MiB, about 300,000 nodes. */
+ * the system: 32 MiB, about 350,000 nodes. */
 #define KEEP_EMPTY 512
 
 typedef struct Chunk {
