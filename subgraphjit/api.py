@@ -9,8 +9,8 @@ from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
 from .codegen import ROWS_BY_NAME
-from .patch.record import record, user_site
-from .patch.node import VirtualNode
+from .ir.record import record, user_site
+from .ir.node import VirtualNode
 from .search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",

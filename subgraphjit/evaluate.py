@@ -18,8 +18,8 @@ import tensorflow as tf
 from . import _native, batch, concurrent, overlap, search
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
-from .patch.node import VirtualNode
-from .patch.record import annotate
+from .ir.node import VirtualNode
+from .ir.record import annotate
 
 
 # Every unevaluated node the targets depend on, in recording order: a node

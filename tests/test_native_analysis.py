@@ -18,8 +18,8 @@ from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, De
                                           depths, schedule, step_by_step)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.record import ACCESS
-from subgraphjit.patch.spec import is_variable, spec_of_foreign
+from subgraphjit.ir.record import ACCESS
+from subgraphjit.ir.spec import is_variable, spec_of_foreign
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 

@@ -15,8 +15,8 @@ from subgraphjit import signature as signatures
 from subgraphjit.codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.record import ACCESS
-from subgraphjit.patch.spec import spec
+from subgraphjit.ir.record import ACCESS
+from subgraphjit.ir.spec import spec
 from subgraphjit.search import SEARCH
 from subgraphjit.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS

@@ -13,8 +13,8 @@ from subgraphjit.batch import plan as plans
 from subgraphjit.batch.graph import BatchGraph, NodeOperand
 from subgraphjit.batch.schedulers import SCHEDULERS, schedule
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.node import VirtualNode
-from subgraphjit.patch.record import ACCESS
+from subgraphjit.ir.node import VirtualNode
+from subgraphjit.ir.record import ACCESS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 

@@ -14,7 +14,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from ..patch.record import ACCESS, annotate
+from ..ir.record import ACCESS, annotate
 from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON

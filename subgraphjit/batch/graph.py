@@ -23,8 +23,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..patch.record import ACCESS
-from ..patch.spec import is_variable, spec_of_foreign
+from ..ir.record import ACCESS
+from ..ir.spec import is_variable, spec_of_foreign
 
 _PYTHON_NUMBERS = (int, float, bool)
 

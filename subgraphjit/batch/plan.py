@@ -26,9 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..patch.node import VirtualNode
-from ..patch.record import ACCESS
-from ..patch.spec import is_variable
+from ..ir.node import VirtualNode
+from ..ir.record import ACCESS
+from ..ir.spec import is_variable
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as
 # TensorFlow converts them where the op does not say otherwise).

@@ -17,7 +17,7 @@ import contextlib
 
 import tensorflow as tf
 
-from ..patch.record import FrozenSlice
+from ..ir.record import FrozenSlice
 
 
 class NoRule(Exception):
@@ -375,7 +375,7 @@ def rule_for(row):
         return _ROW_RULES[row.name]
     if row.family == "reduction":
         return _bound(_reduction)
-    if row.family == "layer":   # a Keras layer's call (patch/layers.py)
-        from ..patch.layers import row_wise_rule
+    if row.family == "layer":   # a Keras layer's call (dropin/layers.py)
+        from ..dropin.layers import row_wise_rule
         return row_wise_rule
     return _FAMILY_RULES.get(row.family)

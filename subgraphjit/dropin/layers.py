@@ -50,10 +50,10 @@ import tensorflow as tf
 from tensorflow.python.eager import record as tape_record
 
 from ..context import context
-from .node import VirtualNode
-from .record import OpRow, user_site
-from .record import record as _record
-from .spec import NotLazy, is_variable, spec
+from ..ir.node import VirtualNode
+from ..ir.record import OpRow, user_site
+from ..ir.record import record as _record
+from ..ir.spec import NotLazy, is_variable, spec
 
 FAMILY = "layer"
 # The extra operand that keeps a layer node out of patterns (see above).
