@@ -88,7 +88,7 @@ def parse_depths(text):
 def collect_once(script, script_arguments, depth, arguments):
     """Run the script until its collection stage ends; returns the row."""
     import subgraphjit
-    from subgraphjit.search import SEARCH
+    from subgraphjit.patterns.search import SEARCH
 
     for key, value in (("granularity", "subgraph"), ("depth", depth),
                        ("collect", arguments.collect), ("freq", arguments.freq),

@@ -15,11 +15,12 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, concurrent, overlap, search
+from . import _native, batch, concurrent, overlap
 from .batch.schedulers import SCHEDULERS, fsm
 from .context import context
 from .ir.node import VirtualNode
 from .ir.record import annotate
+from .patterns import search
 
 
 # Every unevaluated node the targets depend on, in recording order: a node

@@ -161,7 +161,7 @@ def recorded_graph(name, seed, granularity, parameters, required_count=0):
     tf.exp(hanging)
     nodes = unevaluated_ancestors(losses + [hanging])
     if granularity == "subgraph":
-        from subgraphjit import search
+        from subgraphjit.patterns import search
         nodes = search.optimize(losses + [hanging], losses)
     graph = BatchGraph(nodes)
     batches = schedule(graph, SCHEDULERS["agenda"]())

@@ -161,7 +161,7 @@ class Executor:
         operand_specs = signature[3:]
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
-        # gathers it itself (codegen.py); other ops take the stacked operand.
+        # gathers it itself (patterns/codegen.py); other ops take the stacked operand.
         take = _row_numbers if first.row.family == "pattern" else _stacked
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]

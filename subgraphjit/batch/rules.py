@@ -328,7 +328,7 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 
 def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """A compiled frequent subgraph, every instance at once (codegen.py).
+    """A compiled frequent subgraph, every instance at once (patterns/codegen.py).
     Unlike other rules it takes each operand as a (table, rows) pair, and the
     compiled function gathers the rows itself."""
     if any(shared):

@@ -333,9 +333,9 @@ class GenericApi:
         row.refused_keys = set()
         build_row_functions(row, self.path.rsplit(".", 1)[-1])
         row.call = self._call_for(row)
-        # Patterns name their ops' rows by name (codegen.py); a generic row
+        # Patterns name their ops' rows by name (patterns/codegen.py); a generic row
         # renders as tf.<path>(operands, attributes), as a table row does.
-        from ..codegen import ROWS_BY_NAME
+        from ..patterns.codegen import ROWS_BY_NAME
         ROWS_BY_NAME.setdefault(row.name, row)
         return row
 

@@ -32,7 +32,7 @@ Two places cannot take a layer node, and the node keeps out of them:
 
 * patterns (``granularity="subgraph"``): a pattern is generated source of
   TensorFlow calls, and a layer call is none.  A node with a NumPy operand
-  is never part of a pattern (``signature.has_value_operand``), so each
+  is never part of a pattern (``patterns.signature.has_value_operand``), so each
   layer node carries ``_MARKER``, a NumPy scalar the layer never sees;
 * compiled programs (program.py): they pass the variables they read as
   explicit arguments and return gradients only for those, while a layer
