@@ -11,7 +11,7 @@ from subgraphjit.batch import lower_bound
 from subgraphjit.batch.schedulers import SCHEDULERS, schedule
 from subgraphjit.batch.schedulers.fsm import (
     ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode)
-from subgraphjit.scheduler_comparison import count_batches, recorded_graph
+from subgraphjit.tools.scheduler_comparison import count_batches, recorded_graph
 from experiments.example_models import MODELS
 
 
