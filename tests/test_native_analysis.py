@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.batch import graph as graph_module
-from subgraphjit.batch.graph import BatchGraph, NodeOperand
+from subgraphjit.batch.graph import BatchGraph, BatchingSignature, NodeOperand
 from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, DepthScheduler,
                                           depths, schedule, step_by_step)
 from subgraphjit.context import context
@@ -431,7 +431,7 @@ class ReferenceGraph:
 
     def _describe(self, node, index_of):
         operands = []
-        signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
+        parts = []
         identity = []
         sources = ()
         for position, operand in enumerate(node.inputs):
@@ -447,23 +447,25 @@ class ReferenceGraph:
                     if operand_index not in sources:
                         sources += (operand_index,)
                 operands.append((operand_index, pick, operand))
-                signature.append(operand.spec if pick is None else operand.spec[pick])
+                parts.append(operand.spec if pick is None else operand.spec[pick])
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
             elif graph_module._is_number(operand) \
                     and position not in node.row.index_positions:
                 operands.append(operand)
-                signature.append((type(operand), operand))
+                parts.append((type(operand), operand))
                 identity.append(None)
             elif isinstance(operand, tensorflow.Tensor) or is_variable(operand):
                 operands.append(operand)
-                signature.append(("shared", id(operand)))
+                parts.append(("shared", id(operand)))
                 identity.append(None)
             else:
                 operands.append(operand)
-                signature.append(spec_of_foreign(operand))
+                parts.append(spec_of_foreign(operand))
                 identity.append(graph_module._value_key(operand))
-        return operands, tuple(signature), tuple(identity), sources
+        signature = BatchingSignature(node.row, node.attrs, tuple(map(type, node.attrs)),
+                                      tuple(parts))
+        return operands, signature, tuple(identity), sources
 
 
 def reference_gathers_variable_rows(node):

@@ -157,8 +157,7 @@ class Executor:
             statistics["unbatched"][f"{first.row.name}: no batch rule"] += len(indices)
             self._run_each(indices)
             return
-        signature = graph.signatures[node_type]
-        operand_specs = signature[3:]
+        operand_specs = graph.signatures[node_type].operands
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
         # gathers it itself (patterns/codegen.py); other ops take the stacked operand.
