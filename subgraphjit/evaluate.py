@@ -16,7 +16,7 @@ import time
 import tensorflow as tf
 
 from . import _native, batch, concurrent, overlap
-from .batch.schedulers import SCHEDULERS, fsm
+from .batch.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
 from .ir.node import VirtualNode
 from .ir.record import annotate
@@ -160,7 +160,7 @@ def _run(nodes, required, compile_after):
                           context.parameters["layout"],
                           compile_after, required)
     if context.parameters["lower_bound"]:
-        statistics["lower_bound"] += batch.lower_bound(graph)
+        statistics["lower_bound"] += lower_bound(graph)
     return statistics["batches"] - before
 
 
@@ -171,8 +171,8 @@ def _scheduler(name):
     if context.fsm_policy is None:
         context.fsm_policy = fsm.policy_for(context.parameters["fsm_encoding"],
                                             context.parameters["fsm_table"])
-    return fsm.FsmScheduler(context.fsm_policy, context.batching,
-                            on_trained=_save_fsm_policy)
+    return SCHEDULERS["fsm"](context.fsm_policy, context.batching,
+                             on_trained=_save_fsm_policy)
 
 
 def _save_fsm_policy(policy):

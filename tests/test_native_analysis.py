@@ -15,7 +15,7 @@ from subgraphjit import VirtualNode, _native
 from subgraphjit.batch import graph as graph_module
 from subgraphjit.batch.graph import BatchGraph, BatchingSignature, NodeOperand
 from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, DepthScheduler,
-                                          depths, schedule, step_by_step)
+                                          depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.record import ACCESS
@@ -234,14 +234,11 @@ def test_ancestors_of_bad_input_raise_clean_errors():
 def check_schedules(graph):
     assert depths(graph) == reference_depths(graph)
     expected = reference_agenda_schedule(graph)
-    assert schedule(graph, AgendaScheduler()) == expected
-    assert step_by_step(graph, AgendaScheduler()) == expected
-    expected = reference_depth_schedule(graph)
-    assert schedule(graph, DepthScheduler()) == expected
-    assert step_by_step(graph, DepthScheduler()) == expected
+    assert AgendaScheduler().schedule(graph) == expected
+    assert AgendaScheduler().step_by_step(graph) == expected
+    assert DepthScheduler().schedule(graph) == reference_depth_schedule(graph)
     expected = reference_agenda_schedule(graph, critical=True)
-    assert schedule(graph, CriticalScheduler()) == expected
-    assert step_by_step(graph, CriticalScheduler()) == expected
+    assert CriticalScheduler().schedule(graph) == expected
     # The nodes agenda runs, each once, after its sources, with nodes of
     # its type.
     done = set()
@@ -250,7 +247,7 @@ def check_schedules(graph):
         assert all(source in done for index in batch for source in graph.sources[index])
         assert done.isdisjoint(batch)
         done.update(batch)
-    assert done == {index for batch in schedule(graph, AgendaScheduler()) for index in batch}
+    assert done == {index for batch in AgendaScheduler().schedule(graph) for index in batch}
 
 
 @settings(max_examples=500, deadline=None)
@@ -271,7 +268,7 @@ def test_a_deep_chain_schedules_without_recursion():
     count = 100_000
     graph = Structure([0, 1] * (count // 2), [()] + [(i,) for i in range(count - 1)], 2)
     assert depths(graph) == list(range(1, count + 1))
-    assert schedule(graph, AgendaScheduler()) == [[i] for i in range(count)]
+    assert AgendaScheduler().schedule(graph) == [[i] for i in range(count)]
 
 
 @pytest.mark.parametrize("function", [_native.agenda_schedule, _native.depth_schedule,

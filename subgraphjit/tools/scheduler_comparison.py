@@ -16,9 +16,8 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from ..batch import lower_bound
 from ..batch.graph import BatchGraph
-from ..batch.schedulers import SCHEDULERS, schedule
+from ..batch.schedulers import SCHEDULERS, lower_bound
 from ..batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
 from . import REPOSITORY
 from .report import print_table
@@ -30,7 +29,7 @@ COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda", "critical",
 
 def count_batches(graph, scheduler):
     """How many batches the scheduler needs for the graph (nothing runs)."""
-    return len(schedule(graph, scheduler))
+    return len(scheduler.schedule(graph))
 
 
 def recorded_graph(loss_of_minibatch):
