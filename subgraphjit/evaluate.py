@@ -18,7 +18,7 @@ import tensorflow as tf
 from . import _native, batch, concurrent, overlap
 from .batch.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
-from .ir.node import VirtualNode
+from .ir.node import VirtualNode, use_evaluator
 from .ir.record import annotate
 from .patterns import search
 
@@ -178,6 +178,11 @@ def _scheduler(name):
 def _save_fsm_policy(policy):
     if context.parameters["fsm_table"]:
         policy.save(context.parameters["fsm_table"])
+
+
+# Reading a node's value before its evaluation evaluates it here (node.py
+# cannot import this module, which imports it).
+use_evaluator(evaluate)
 
 
 def build(structure):
