@@ -35,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import subgraphjit as tf  # noqa: E402
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
-from subgraphjit.report import print_table  # noqa: E402
+from subgraphjit.tools.report import print_table  # noqa: E402
 
 # The default scheduler (critical) first.
 SETTINGS = [(scheduler, granularity) for granularity in ("subgraph", "op")

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from subgraphjit.report import print_table  # noqa: E402
+from subgraphjit.tools.report import print_table  # noqa: E402
 
 HIDDEN = 150
 

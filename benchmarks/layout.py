@@ -31,7 +31,7 @@ tensorflow.config.threading.set_inter_op_parallelism_threads(1)
 import subgraphjit  # noqa: E402
 from experiments import example_models, sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
-from subgraphjit.report import print_table  # noqa: E402
+from subgraphjit.tools.report import print_table  # noqa: E402
 
 LAYOUTS = ("none", "pq")
 COLUMNS = ("gathers", "MB gathered", "slices", "planning ms", "step ms")

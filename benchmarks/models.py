@@ -34,7 +34,7 @@ tensorflow.config.threading.set_inter_op_parallelism_threads(1)
 
 import subgraphjit  # noqa: E402
 from subgraphjit.context import PARAMETERS  # noqa: E402
-from subgraphjit.search import Trial  # noqa: E402
+from subgraphjit.patterns.search import Trial  # noqa: E402
 from experiments.example_models import (  # noqa: E402
     CONTROL_FLOW_MODELS, MODELS, minibatch_losses)
 

@@ -69,7 +69,7 @@ class ChildSumTreeLSTM(TreeModel):
     ``h_sum += h``, the matrix-vector idiom ``tensordot(W, x, axes=1)``.
     The cell's arithmetic calls the real ``tensorflow`` module, as a
     library written against TensorFlow would: under subgraphjit it gets
-    nodes and records through TensorFlow's dispatch (patch/dispatch.py)."""
+    nodes and records through TensorFlow's dispatch (dropin/dispatch.py)."""
 
     def __init__(self, rng, embed=6, hidden=5):
         self.hidden = hidden

@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
 from subgraphjit.context import PARAMETERS  # noqa: E402
-from subgraphjit.report import forced_lines, print_table  # noqa: E402
+from subgraphjit.tools.report import forced_lines, print_table  # noqa: E402
 
 COLUMNS = ("construction", "optimization", "execution", "backward", "update")
 BACKENDS = ("tensorflow", "subgraphjit", "patterns")

@@ -3,14 +3,14 @@
  * Two things live here:
  *
  * - VirtualNode's storage.  The type is made here and completed in Python
- *   (subgraphjit/patch/node.py attaches the tensor protocol and the operators
+ *   (subgraphjit/ir/node.py attaches the tensor protocol and the operators
  *   to it).  It is VirtualNode itself rather than a base class because
  *   CPython makes every class statement's instances tracked by the cyclic
  *   garbage collector (a heap class could hold its own instance), even with
  *   __slots__ = (); a type made here with PyType_FromSpec is not.
  *
  * - record(row, inputs, attrs): one op recorded, the body of every generated
- *   wrapper (subgraphjit/patch/record.py holds the op-table rows and the
+ *   wrapper (subgraphjit/ir/record.py holds the op-table rows and the
  *   Python callbacks used on rare paths: shape inference on a cache miss,
  *   specs of foreign operands, freezing unhashable attributes).
  *
@@ -345,7 +345,7 @@ static PyType_Slot node_slots[] = {
 
 /* No Py_TPFLAGS_BASETYPE: a subclass would be tracked by the collector. */
 static PyType_Spec node_spec = {
-    .name = "subgraphjit.patch.node.VirtualNode",
+    .name = "subgraphjit.ir.node.VirtualNode",
     .basicsize = sizeof(Node),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = node_slots,
@@ -505,8 +505,8 @@ static PyObject *index_attrs[SHARED_INDICES];
 
 /* Per row, its spec cache (``row.cache``, a dict) and whether it is
  * multi-output: read once, not as two attribute lookups per op.  The cache
- * dict is made with the row (patch/record.py); multi_output may be learnt
- * by shape inference (a generic row's, patch/dispatch.py), so it is read
+ * dict is made with the row (ir/record.py); multi_output may be learnt
+ * by shape inference (a generic row's, dropin/dispatch.py), so it is read
  * again after each (``forget_row``).  The table holds the row, so no other
  * row takes its address. */
 #define ROW_SLOTS 256

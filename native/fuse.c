@@ -1,7 +1,7 @@
 /* Joining patterns in C (issue 17): after stage 2 of the pattern search has
  * rewritten matches into pattern nodes, each pattern node that reads a
  * multi-output pattern node's outputs is joined to it, where that makes
- * neither wait (subgraphjit/search.py, PatternSearch._fuse, says when and
+ * neither wait (patterns/search.py, PatternSearch._fuse, says when and
  * why).  This runs over every pattern node of every minibatch. */
 #include "containers.h"
 

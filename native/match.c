@@ -1,5 +1,5 @@
 /* Pattern matching and replacement in C (issue 17): stage 2 of the pattern
- * search (subgraphjit/search.py), which runs on every minibatch and visits
+ * search (patterns/search.py), which runs on every minibatch and visits
  * every node of it.
  *
  * - MatchProgram(instructions): one pattern's structural comparison at one

@@ -1,7 +1,7 @@
 """subgraphjit: ``import subgraphjit as tf`` makes eager TensorFlow lazy.
 
 Every public attribute of ``tensorflow`` is reachable here.  The ops in the
-op table (``subgraphjit.patch.table``) record VirtualNodes instead of
+op table (``subgraphjit.ir.table``) record VirtualNodes instead of
 computing; everything else is TensorFlow's own object.  Recorded work is
 evaluated by ``build``, by leaving a ``batching()`` or ``GradientTape()``
 block, or whenever a value is needed (``.numpy()``, ``float()``, printing,
@@ -16,8 +16,8 @@ import tensorflow as _tf
 from . import api as _api
 from .api import (GradientTape, access, batching, build, get_parameter,
                   patterns, reset_patterns, reset_stats, set_parameter, stats)
-from .patch import namespace as _namespace
-from .patch.node import VirtualNode
+from .dropin import namespace as _namespace
+from .ir.node import VirtualNode
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """``python -m subgraphjit``: the same as the ``subgraphjit`` command."""
 
-from .cli import main
+from .tools.cli import main
 
 main()

@@ -8,10 +8,10 @@ from . import concurrent, overlap
 from .batch.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
-from .codegen import ROWS_BY_NAME
-from .patch.record import record, user_site
-from .patch.node import VirtualNode
-from .search import SEARCH
+from .ir.node import VirtualNode
+from .ir.record import record, user_site
+from .patterns.codegen import ROWS_BY_NAME
+from .patterns.search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",
            "get_parameter", "stats", "reset_stats", "access", "patterns",

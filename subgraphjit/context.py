@@ -77,7 +77,7 @@ PARAMETERS = {
         "the unit of work: single ops, or frequent subgraphs found over the "
         "first 'collect' minibatches, each compiled once (thesis chapter 4); "
         "'auto' (the default) collects the subgraphs, then times a few "
-        "minibatches with each unit and keeps the faster (search.py)"),
+        "minibatches with each unit and keeps the faster (patterns/search.py)"),
     "scheduler": Parameter(
         "critical", str, _one_of("none", "depth", "agenda", "critical", "fsm"),
         "how batches are chosen: 'critical' (the default: critical path "

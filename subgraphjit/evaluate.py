@@ -15,11 +15,12 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, concurrent, overlap, search
-from .batch.schedulers import SCHEDULERS, fsm
+from . import _native, batch, concurrent, overlap
+from .batch.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
-from .patch.node import VirtualNode
-from .patch.record import annotate
+from .ir.node import VirtualNode, use_evaluator
+from .ir.record import annotate
+from .patterns import search
 
 
 # Every unevaluated node the targets depend on, in recording order: a node
@@ -159,7 +160,7 @@ def _run(nodes, required, compile_after):
                           context.parameters["layout"],
                           compile_after, required)
     if context.parameters["lower_bound"]:
-        statistics["lower_bound"] += batch.lower_bound(graph)
+        statistics["lower_bound"] += lower_bound(graph)
     return statistics["batches"] - before
 
 
@@ -170,13 +171,18 @@ def _scheduler(name):
     if context.fsm_policy is None:
         context.fsm_policy = fsm.policy_for(context.parameters["fsm_encoding"],
                                             context.parameters["fsm_table"])
-    return fsm.FsmScheduler(context.fsm_policy, context.batching,
-                            on_trained=_save_fsm_policy)
+    return SCHEDULERS["fsm"](context.fsm_policy, context.batching,
+                             on_trained=_save_fsm_policy)
 
 
 def _save_fsm_policy(policy):
     if context.parameters["fsm_table"]:
         policy.save(context.parameters["fsm_table"])
+
+
+# Reading a node's value before its evaluation evaluates it here (node.py
+# cannot import this module, which imports it).
+use_evaluator(evaluate)
 
 
 def build(structure):

@@ -11,7 +11,7 @@ from subgraphjit.batch.schedulers import SCHEDULERS
 from experiments.example_models import MODELS
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 
-SCHEDULER_NAMES = ["none", *SCHEDULERS, "fsm"]
+SCHEDULER_NAMES = ["none", *SCHEDULERS]
 
 
 @pytest.fixture(params=[(name, "none") for name in SCHEDULER_NAMES]
@@ -73,7 +73,7 @@ def test_schedulers_report_batches_and_the_lower_bound():
     tf.set_parameter("lower_bound", True)
     try:
         counts = {}
-        for name in [*SCHEDULERS, "fsm"]:
+        for name in SCHEDULERS:
             tf.set_parameter("scheduler", name)
             tf.reset_stats()
             tf.build([model.loss(tf, e) for e in examples])

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import subgraphjit as tf
-from subgraphjit import cli
+from subgraphjit.tools import cli
 
 SCRIPT = textwrap.dedent('''
     import numpy as np

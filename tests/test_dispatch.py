@@ -1,5 +1,5 @@
 """TensorFlow's own functions and operators given a VirtualNode record it
-(subgraphjit/patch/dispatch.py): differential tests against eager
+(subgraphjit/dropin/dispatch.py): differential tests against eager
 TensorFlow -- values, gradients and gradient types -- for ``tensor + node``
 and the other operators, the real ``tensorflow`` module's table ops, APIs
 outside the table (recorded per instance), the APIs that must still

@@ -11,7 +11,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.patch import node as node_module
+from subgraphjit.ir import node as node_module
 
 LINES = pathlib.Path(__file__).read_text().splitlines()
 SHOWN = os.path.relpath(__file__)

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 import subgraphjit as tf
-from subgraphjit.batch import lower_bound
-from subgraphjit.batch.schedulers import SCHEDULERS, schedule
+from subgraphjit.batch.schedulers import SCHEDULERS, lower_bound
 from subgraphjit.batch.schedulers.fsm import (
     ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode)
-from subgraphjit.scheduler_comparison import count_batches, recorded_graph
+from subgraphjit.tools.scheduler_comparison import count_batches, recorded_graph
 from experiments.example_models import MODELS
 
 
@@ -67,8 +66,9 @@ def test_learned_schedules_are_valid_and_reach_the_lower_bound(encoding):
     policy = FsmPolicy(FsmConfig(encoding=encoding))
     report = policy.train(train, progress=False)
     assert report.batches == report.lower_bound <= report.agenda_batches
-    for scheduler in (FsmScheduler(policy), *(s() for s in SCHEDULERS.values())):
-        assert_valid(test, schedule(test, scheduler))
+    heuristics = [scheduler() for name, scheduler in SCHEDULERS.items() if name != "fsm"]
+    for scheduler in (FsmScheduler(policy), *heuristics):
+        assert_valid(test, scheduler.schedule(test))
     assert count_batches(test, FsmScheduler(policy)) == lower_bound(test)
 
 
@@ -93,7 +93,7 @@ def test_fsm_on_example_models(model_name):
     policy = FsmPolicy(FsmConfig(max_iterations=200))
     policy.train(graphs[0], progress=False)
     scheduler = FsmScheduler(policy)
-    batches = schedule(graphs[1], scheduler)
+    batches = scheduler.schedule(graphs[1])
     assert_valid(graphs[1], batches)
     assert len(batches) <= count_batches(graphs[1], SCHEDULERS["agenda"]())
     if model_name in ("tree_lstm", "tree_gru", "bilstm_tagger"):
@@ -118,7 +118,7 @@ def test_training_starts_from_the_better_heuristic():
         policy = FsmPolicy(FsmConfig(max_iterations=0))
         report = policy.train(graph, progress=False)
         assert report.heuristic == better
-        batches = schedule(graph, FsmScheduler(policy))
+        batches = FsmScheduler(policy).schedule(graph)
         assert_valid(graph, batches)
         assert len(batches) == report.batches
         assert len(batches) <= count_batches(graph, SCHEDULERS["agenda"]())
@@ -133,7 +133,7 @@ def test_save_and_load_skip_training(tmp_path):
     policy.save(path)
     loaded = FsmPolicy.load(path, "sort")
     assert not loaded.needs_training
-    assert schedule(graph, FsmScheduler(loaded)) == schedule(graph, FsmScheduler(policy))
+    assert FsmScheduler(loaded).schedule(graph) == FsmScheduler(policy).schedule(graph)
     with pytest.raises(ValueError, match="'sort' state encoding, not 'max'"):
         FsmPolicy.load(path, "max")
     (tmp_path / "junk.json").write_text(json.dumps({"table": 3}))
@@ -148,7 +148,7 @@ def test_unseen_states_fall_back_to_agenda_and_ask_for_retraining():
     # Another model entirely: chains of a type the policy never saw.
     chains = FakeGraph(["X", "Y"] * 4, [[], [0], [1], [2], [], [4], [5], [6]])
     scheduler = FsmScheduler(policy)
-    batches = schedule(chains, scheduler)
+    batches = scheduler.schedule(chains)
     assert_valid(chains, batches)
     assert scheduler.fallbacks == scheduler.decisions == len(batches)
     assert policy.needs_training

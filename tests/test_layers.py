@@ -1,5 +1,5 @@
 """Keras layers called with VirtualNodes record one node and batch
-(subgraphjit/patch/layers.py): differential tests against eager TensorFlow
+(subgraphjit/dropin/layers.py): differential tests against eager TensorFlow
 -- values, gradients and gradient types of the layers' variables and of
 upstream variables -- for recursive tree models built from Keras layers,
 under single ops, patterns and compiled programs, and a subclassed

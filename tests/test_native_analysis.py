@@ -13,13 +13,13 @@ from hypothesis import given, settings, strategies as st
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.batch import graph as graph_module
-from subgraphjit.batch.graph import BatchGraph, NodeOperand
+from subgraphjit.batch.graph import BatchGraph, BatchingSignature, NodeOperand
 from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, DepthScheduler,
-                                          depths, schedule, step_by_step)
+                                          depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.record import ACCESS
-from subgraphjit.patch.spec import is_variable, spec_of_foreign
+from subgraphjit.ir.record import ACCESS
+from subgraphjit.ir.spec import is_variable, spec_of_foreign
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 
@@ -234,14 +234,11 @@ def test_ancestors_of_bad_input_raise_clean_errors():
 def check_schedules(graph):
     assert depths(graph) == reference_depths(graph)
     expected = reference_agenda_schedule(graph)
-    assert schedule(graph, AgendaScheduler()) == expected
-    assert step_by_step(graph, AgendaScheduler()) == expected
-    expected = reference_depth_schedule(graph)
-    assert schedule(graph, DepthScheduler()) == expected
-    assert step_by_step(graph, DepthScheduler()) == expected
+    assert AgendaScheduler().schedule(graph) == expected
+    assert AgendaScheduler().step_by_step(graph) == expected
+    assert DepthScheduler().schedule(graph) == reference_depth_schedule(graph)
     expected = reference_agenda_schedule(graph, critical=True)
-    assert schedule(graph, CriticalScheduler()) == expected
-    assert step_by_step(graph, CriticalScheduler()) == expected
+    assert CriticalScheduler().schedule(graph) == expected
     # The nodes agenda runs, each once, after its sources, with nodes of
     # its type.
     done = set()
@@ -250,7 +247,7 @@ def check_schedules(graph):
         assert all(source in done for index in batch for source in graph.sources[index])
         assert done.isdisjoint(batch)
         done.update(batch)
-    assert done == {index for batch in schedule(graph, AgendaScheduler()) for index in batch}
+    assert done == {index for batch in AgendaScheduler().schedule(graph) for index in batch}
 
 
 @settings(max_examples=500, deadline=None)
@@ -271,7 +268,7 @@ def test_a_deep_chain_schedules_without_recursion():
     count = 100_000
     graph = Structure([0, 1] * (count // 2), [()] + [(i,) for i in range(count - 1)], 2)
     assert depths(graph) == list(range(1, count + 1))
-    assert schedule(graph, AgendaScheduler()) == [[i] for i in range(count)]
+    assert AgendaScheduler().schedule(graph) == [[i] for i in range(count)]
 
 
 @pytest.mark.parametrize("function", [_native.agenda_schedule, _native.depth_schedule,
@@ -431,7 +428,7 @@ class ReferenceGraph:
 
     def _describe(self, node, index_of):
         operands = []
-        signature = [node.row, node.attrs, tuple(map(type, node.attrs))]
+        parts = []
         identity = []
         sources = ()
         for position, operand in enumerate(node.inputs):
@@ -447,23 +444,25 @@ class ReferenceGraph:
                     if operand_index not in sources:
                         sources += (operand_index,)
                 operands.append((operand_index, pick, operand))
-                signature.append(operand.spec if pick is None else operand.spec[pick])
+                parts.append(operand.spec if pick is None else operand.spec[pick])
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
             elif graph_module._is_number(operand) \
                     and position not in node.row.index_positions:
                 operands.append(operand)
-                signature.append((type(operand), operand))
+                parts.append((type(operand), operand))
                 identity.append(None)
             elif isinstance(operand, tensorflow.Tensor) or is_variable(operand):
                 operands.append(operand)
-                signature.append(("shared", id(operand)))
+                parts.append(("shared", id(operand)))
                 identity.append(None)
             else:
                 operands.append(operand)
-                signature.append(spec_of_foreign(operand))
+                parts.append(spec_of_foreign(operand))
                 identity.append(graph_module._value_key(operand))
-        return operands, tuple(signature), tuple(identity), sources
+        signature = BatchingSignature(node.row, node.attrs, tuple(map(type, node.attrs)),
+                                      tuple(parts))
+        return operands, signature, tuple(identity), sources
 
 
 def reference_gathers_variable_rows(node):

@@ -11,14 +11,14 @@ import pytest
 
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
-from subgraphjit import signature as signatures
-from subgraphjit.codegen import ROWS_BY_NAME, FusedPattern, Pattern
+from subgraphjit.patterns import signature as signatures
+from subgraphjit.patterns.codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.record import ACCESS
-from subgraphjit.patch.spec import spec
-from subgraphjit.search import SEARCH
-from subgraphjit.signature import Signer, Template, has_value_operand
+from subgraphjit.ir.record import ACCESS
+from subgraphjit.ir.spec import spec
+from subgraphjit.patterns.search import SEARCH
+from subgraphjit.patterns.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS
 from test_patterns import assert_matches_eager, parameters  # noqa: F401 (fixture)
 

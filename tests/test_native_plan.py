@@ -11,10 +11,10 @@ import subgraphjit as tf
 from subgraphjit import _native
 from subgraphjit.batch import plan as plans
 from subgraphjit.batch.graph import BatchGraph, NodeOperand
-from subgraphjit.batch.schedulers import SCHEDULERS, schedule
+from subgraphjit.batch.schedulers import SCHEDULERS
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.patch.node import VirtualNode
-from subgraphjit.patch.record import ACCESS
+from subgraphjit.ir.node import VirtualNode
+from subgraphjit.ir.record import ACCESS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 
@@ -161,10 +161,10 @@ def recorded_graph(name, seed, granularity, parameters, required_count=0):
     tf.exp(hanging)
     nodes = unevaluated_ancestors(losses + [hanging])
     if granularity == "subgraph":
-        from subgraphjit import search
+        from subgraphjit.patterns import search
         nodes = search.optimize(losses + [hanging], losses)
     graph = BatchGraph(nodes)
-    batches = schedule(graph, SCHEDULERS["agenda"]())
+    batches = SCHEDULERS["agenda"]().schedule(graph)
     required = [node for node in graph.nodes[::7]][:required_count]
     return tape, losses + [hanging], graph, batches, required
 
@@ -232,7 +232,7 @@ def small_graph():
         b, c = tf.split(a * 2.0, [1, 2], axis=1)
         loss = tf.reduce_sum(b) + tf.reduce_sum(c)
         graph = BatchGraph(unevaluated_ancestors([loss]))
-    return graph, schedule(graph, SCHEDULERS["agenda"]())
+    return graph, SCHEDULERS["agenda"]().schedule(graph)
 
 
 def fill_arguments(graph, batches):

@@ -16,7 +16,7 @@ import tensorflow
 from hypothesis import given, settings, strategies
 
 import subgraphjit
-from subgraphjit.patch.table import OPERATORS, TF_ROWS
+from subgraphjit.ir.table import OPERATORS, TF_ROWS
 from gradients import assert_gradient_equal
 
 

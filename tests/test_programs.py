@@ -18,7 +18,7 @@ import tensorflow
 import subgraphjit as tf
 from subgraphjit.batch import plan as plans, program
 from subgraphjit.batch.graph import BatchGraph
-from subgraphjit.batch.schedulers import SCHEDULERS, schedule
+from subgraphjit.batch.schedulers import SCHEDULERS
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
@@ -169,7 +169,7 @@ def test_a_program_with_two_kinds_of_one_key_adopts_no_other(compiled):
 
 
 def planned(graph):
-    return plans.plan(graph, schedule(graph, SCHEDULERS["agenda"]()))
+    return plans.plan(graph, SCHEDULERS["agenda"]().schedule(graph))
 
 
 def test_programs_of_other_trees_share_a_key():

@@ -5,8 +5,8 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit import signature as signatures
-from subgraphjit.signature import Signer
+from subgraphjit.patterns import signature as signatures
+from subgraphjit.patterns.signature import Signer
 
 
 def cell(x, h, weight):

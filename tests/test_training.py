@@ -10,7 +10,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.patch import optimizers
+from subgraphjit.dropin import optimizers
 from experiments.example_models import MODELS
 
 OPTIMIZERS = ["SGD", "Adam", "Adagrad", "RMSprop"]
@@ -48,7 +48,7 @@ def test_optimizer_steps_equal_eager(model_name, optimizer, granularity):
     minibatches = [eager_model.random_examples(rng, 4) for _ in range(4)]
     lazy_model = MODELS[model_name](np.random.default_rng(7))
     # Each module's own optimizer class: subgraphjit's runs its update as
-    # one compiled call (patch/optimizers.py).
+    # one compiled call (dropin/optimizers.py).
     expected = train(tensorflow, eager_model, minibatches,
                      getattr(tensorflow.keras.optimizers, optimizer)(0.05))
     got = train(tf, lazy_model, minibatches, getattr(tf.keras.optimizers, optimizer)(0.05))

@@ -19,12 +19,12 @@ from .. import overlap
 from . import layout, plan, program, varying
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
-from .schedulers import schedule
 
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
             required=()):
-    """Batch and run the nodes; ``scheduler`` is a fresh scheduler object.
+    """Batch and run the nodes; ``scheduler`` is a fresh scheduler object
+    (its ``schedule(graph)`` gives the batches, schedulers/__init__.py).
     With ``compile_after`` > 0 the graph is planned as a program, which
     runs as one compiled call once its key has been seen that many times
     (plan.py, program.py); otherwise, and until then, the scheduler's
@@ -33,7 +33,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     varying.merge_types(graph)
-    batches = schedule(graph, scheduler)
+    batches = scheduler.schedule(graph)
     compiled = None
     if compile_after and batches and graph.varying:
         # A program's buffers hold rows of one shape each (plan.py).
@@ -74,22 +74,6 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     statistics["execute_seconds"] += finished - analysed
     statistics["duplicates_skipped"] += graph.duplicates
     return graph
-
-
-def lower_bound(graph):
-    """ED-Batch's lower bound (appendix A.3) on the number of batches: for
-    each type, the most nodes of that type on one path of the graph, summed
-    over types (nodes of one type on one path need separate batches)."""
-    total = 0
-    for node_type in range(len(graph.signatures)):
-        chain = [0] * len(graph)
-        longest = 0
-        for index, sources in enumerate(graph.sources):
-            deepest = max((chain[source] for source in sources), default=0)
-            chain[index] = deepest + (graph.type_of[index] == node_type)
-            longest = max(longest, chain[index])
-        total += longest
-    return total
 
 
 def order_rows(graph, batches):

@@ -14,7 +14,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from ..patch.record import ACCESS, annotate
+from ..ir.record import ACCESS, annotate
 from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
@@ -157,11 +157,10 @@ class Executor:
             statistics["unbatched"][f"{first.row.name}: no batch rule"] += len(indices)
             self._run_each(indices)
             return
-        signature = graph.signatures[node_type]
-        operand_specs = signature[3:]
+        operand_specs = graph.signatures[node_type].operands
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
-        # gathers it itself (codegen.py); other ops take the stacked operand.
+        # gathers it itself (patterns/codegen.py); other ops take the stacked operand.
         take = _row_numbers if first.row.family == "pattern" else _stacked
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]

@@ -19,14 +19,29 @@ Multi-output ops (``tf.split``) are one node; the ``access`` nodes that pick
 their outputs are not scheduled, their consumers read the picked output.
 """
 
+import typing
+
 import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..patch.record import ACCESS
-from ..patch.spec import is_variable, spec_of_foreign
+from ..ir.record import ACCESS, OpRow
+from ..ir.spec import is_variable, spec_of_foreign
 
 _PYTHON_NUMBERS = (int, float, bool)
+
+
+class BatchingSignature(typing.NamedTuple):
+    """What every node of one type has in common (module docstring): nodes
+    with equal batching signatures may run as one batched op."""
+
+    row: OpRow           # the op-table row
+    attrs: tuple         # the op's other arguments, hashable
+    attr_types: tuple    # their types (1 and True are equal; they differ here)
+    # Per operand: a Spec if it is per-instance (stacked along a new leading
+    # axis), else a tuple: ("shared", id) for a tensor or variable given to
+    # every instance once, (type, number) for a Python number.
+    operands: tuple
 
 
 class BatchGraph:
@@ -61,6 +76,10 @@ class BatchGraph:
          self.duplicates) = _native.describe_graph(
             self.nodes, ACCESS, _row_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
+        # describe_graph gives each signature as one flat tuple (row, attrs,
+        # attr types, then a part per operand); named here, once per type.
+        self.signatures = [BatchingSignature(flat[0], flat[1], flat[2], flat[3:])
+                           for flat in self.signatures]
 
         # Types joined over varying lengths (varying.merge_types) -> kind.
         self.varying = {}

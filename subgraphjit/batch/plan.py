@@ -26,9 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..patch.node import VirtualNode
-from ..patch.record import ACCESS
-from ..patch.spec import is_variable
+from ..ir.node import VirtualNode
+from ..ir.record import ACCESS
+from ..ir.spec import is_variable
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as
 # TensorFlow converts them where the op does not say otherwise).
@@ -161,22 +161,22 @@ def outline(graph, batches, required=(), max_kinds=None):
     for node_type in types:
         example = first_of_type[node_type]
         specs.update(_output_specs(graph.nodes[example]))
-        signature = graph.signatures[node_type]
+        operand_specs = graph.signatures[node_type].operands
         for position, is_shared in enumerate(graph.shared_operand[node_type]):
             if not is_shared:
-                specs.add(_buffer_spec(signature[3 + position]))
+                specs.add(_buffer_spec(operand_specs[position]))
     buffers = sorted(specs, key=lambda spec: (spec[0].name, spec[1]))
     buffer_of = {spec: number for number, spec in enumerate(buffers)}
     kinds, kind_of_type = [], {}
     for node_type in types:
         example = first_of_type[node_type]
         node = graph.nodes[example]
-        signature = graph.signatures[node_type]
+        operand_specs = graph.signatures[node_type].operands
         kind = Kind()
         kind.row, kind.attrs, kind.spec = node.row, node.attrs, node.spec
         kind.operands = [
             (SHARED, graph.operands[example][position]) if is_shared
-            else (ROWS, buffer_of[_buffer_spec(signature[3 + position])])
+            else (ROWS, buffer_of[_buffer_spec(operand_specs[position])])
             for position, is_shared in enumerate(graph.shared_operand[node_type])]
         kind.outputs = [buffer_of[spec] if (node_type, number) in read else None
                         for number, spec in enumerate(_output_specs(node))]

@@ -37,9 +37,9 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from .. import _native, overlap
-from ..patch import spec as specs
-from ..patch.record import ACCESS
-from ..patch.spec import is_variable
+from ..ir import spec as specs
+from ..ir.record import ACCESS
+from ..ir.spec import is_variable
 from . import rules
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for

@@ -17,7 +17,7 @@ import contextlib
 
 import tensorflow as tf
 
-from ..patch.record import FrozenSlice
+from ..ir.record import FrozenSlice
 
 
 class NoRule(Exception):
@@ -328,7 +328,7 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
 
 
 def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """A compiled frequent subgraph, every instance at once (codegen.py).
+    """A compiled frequent subgraph, every instance at once (patterns/codegen.py).
     Unlike other rules it takes each operand as a (table, rows) pair, and the
     compiled function gathers the rows itself."""
     if any(shared):
@@ -375,7 +375,7 @@ def rule_for(row):
         return _ROW_RULES[row.name]
     if row.family == "reduction":
         return _bound(_reduction)
-    if row.family == "layer":   # a Keras layer's call (patch/layers.py)
-        from ..patch.layers import row_wise_rule
+    if row.family == "layer":   # a Keras layer's call (dropin/layers.py)
+        from ..dropin.layers import row_wise_rule
         return row_wise_rule
     return _FAMILY_RULES.get(row.family)

@@ -72,7 +72,7 @@ def merge_types(graph):
     Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
     graph.varying = {}
     signatures = graph.signatures
-    if any(signature[0].family == "pattern" for signature in signatures):
+    if any(signature.row.family == "pattern" for signature in signatures):
         # Patterns (granularity "subgraph") run per input shape; joining
         # the ops around them made the minibatch slower, not faster
         # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
@@ -153,9 +153,9 @@ def merge_types(graph):
 
 def _length_free_key(signature):
     """The signature with each per-instance operand's first axis left out,
-    or None when no operand has one to leave out.  (A signature is (row,
-    attrs, attr types, a part per operand): a Spec per per-instance operand,
-    a tuple for a shared one; see graph.py.)"""
+    or None when no operand has one to leave out.  (A signature's operands
+    are a Spec per per-instance operand, a tuple for a shared one; see
+    graph.BatchingSignature.)"""
     return _key(signature, lambda shape: shape[1:])
 
 
@@ -166,13 +166,13 @@ def _shape_free_key(signature):
 
 
 def _key(signature, describe):
-    row = signature[0]
+    row = signature.row
     if row.multi_output or row.family not in (
             "elementwise", "broadcasting", "matmul", "reduction", "gather", "loss"):
         return None
     parts = []
     varies = False
-    for part in signature[3:]:
+    for part in signature.operands:
         if type(part) is tuple:   # shared: by identity or value, as it is
             parts.append(part)
         elif not part.shape:
@@ -182,7 +182,7 @@ def _key(signature, describe):
             parts.append((part.dtype, part.python_type, describe(part.shape)))
     if not varies:
         return None
-    return (row, signature[1], signature[2], tuple(parts))
+    return (row, signature.attrs, signature.attr_types, tuple(parts))
 
 
 def _padded_kind(node, shared, signature):
@@ -195,7 +195,7 @@ def _padded_kind(node, shared, signature):
     row, output = node.row, node.spec
     if isinstance(output, tuple) or output.dtype is None or len(output.shape) < 2:
         return None   # (vectors: see _kind)
-    specs = [part for part, is_shared in zip(signature[3:], shared) if not is_shared]
+    specs = [part for part, is_shared in zip(signature.operands, shared) if not is_shared]
     if any(spec.python_type is not None or spec.dtype is None for spec in specs):
         return None
     options = dict(zip(row.attr_params, node.attrs))
@@ -210,7 +210,7 @@ def _padded_kind(node, shared, signature):
     if row.family == "broadcasting" and row.name != "nn.bias_add":
         if any(spec.shape != output.shape for spec in specs) or any(
                 part[0] == "shared"
-                for part, is_shared in zip(signature[3:], shared) if is_shared):
+                for part, is_shared in zip(signature.operands, shared) if is_shared):
             return None   # only Python numbers shared: (float, 0.5) parts
         return PADDED
     if row.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
@@ -228,7 +228,8 @@ def _kind(node, operands, shared, signature):
     row, output = node.row, node.spec
     if isinstance(output, tuple) or output.dtype is None:
         return None
-    specs = [None if is_shared else part for part, is_shared in zip(signature[3:], shared)]
+    specs = [None if is_shared else part
+             for part, is_shared in zip(signature.operands, shared)]
     rows = [spec.shape[0] for spec in specs if spec is not None]
     if min(rows) < 1:
         return None   # an empty instance: segment ops differ from reductions there
@@ -327,7 +328,7 @@ def run(executor, indices, kind):
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
-    specs = graph.signatures[node_type][3:]
+    specs = graph.signatures[node_type].operands
     varying_position = shared.index(False)
     # (The first axis of each instance's operand: its length.)
     lengths = [_shape_of(graph.operands[i][varying_position])[0] for i in indices]
@@ -386,7 +387,7 @@ def run_padded(executor, indices, kind):
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
-    specs = graph.signatures[node_type][3:]
+    specs = graph.signatures[node_type].operands
     count = len(indices)
     values = []
     for position, shared_value, operands in _by_position(graph, indices):

@@ -1,46 +1,28 @@
-"""Schedulers decide which batch runs next; each lives in its own file.
+"""Schedulers decide which batches run, in which order; each lives in its
+own file.
 
-The interface is three calls: ``init(graph)`` with a BatchGraph,
-``next_batch()`` returning the graph indices of the next batch (nodes of one
-type whose operands are all computed) or None when done, and
-``post_process(batch)`` after the batch ran.  Every scheduler must give the
-same results; they differ only in how many batches they need.  A scheduler
-whose choices need no values may also offer ``whole_schedule(graph)``, all
-its batches at once (agenda, critical and depth do, in C:
-``native/analysis.c``).
+A scheduler is an object with one call, ``schedule(graph)``: given a
+BatchGraph, every batch in the order they run, each a list of node indices
+(nodes of one type, each after the batches that compute its operands).
+Schedules depend only on the graph's structure, so nothing runs while one
+is made.  Every scheduler must give the same results; they differ only in
+how many batches they need.
+
+``SCHEDULERS`` maps each name the ``scheduler`` parameter takes (but
+"none") to its class.  Depth, agenda and critical make their schedules in
+C (``native/analysis.c``); the FSM's policy is learned, so its scheduler
+takes the policy to share (``FsmScheduler(policy)``; made without one, it
+learns one on the first graph it schedules).
 """
 
-from ... import _native
 from .agenda import AgendaScheduler
 from .critical import CriticalScheduler
 from .depth import DepthScheduler
+from .fsm import FsmScheduler
+from .structure import depths, lower_bound
 
-SCHEDULERS = {scheduler.name: scheduler
-              for scheduler in (DepthScheduler, AgendaScheduler, CriticalScheduler)}
+__all__ = ["SCHEDULERS", "AgendaScheduler", "CriticalScheduler", "DepthScheduler",
+           "FsmScheduler", "depths", "lower_bound"]
 
-
-def schedule(graph, scheduler):
-    """Every batch the scheduler picks for the graph, in order (lists of
-    node indices).  Schedules depend only on the graph's structure, so this
-    needs no values."""
-    whole_schedule = getattr(scheduler, "whole_schedule", None)
-    if whole_schedule is not None:
-        return whole_schedule(graph)
-    return step_by_step(graph, scheduler)
-
-
-def step_by_step(graph, scheduler):
-    """A schedule through the interface's three calls (the FSM's way; for
-    agenda and depth, what their native ``whole_schedule`` must equal)."""
-    scheduler.init(graph)
-    batches = []
-    while (batch := scheduler.next_batch()) is not None:
-        scheduler.post_process(batch)
-        batches.append(batch)
-    return batches
-
-
-def depths(graph):
-    """Topological depth of every node: 1 + the deepest operand in the graph
-    (nodes that are not scheduled add nothing)."""
-    return _native.depths(graph.type_of, graph.sources)
+SCHEDULERS = {scheduler.name: scheduler for scheduler in (
+    DepthScheduler, AgendaScheduler, CriticalScheduler, FsmScheduler)}

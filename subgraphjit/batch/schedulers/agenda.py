@@ -2,23 +2,34 @@
 whose remaining nodes have the lowest average depth (ties: the type that
 became ready first).
 
-A whole schedule is made in C (``native/analysis.c``).  The step-by-step
-calls stay for the FSM scheduler, which keeps the ready lists here and
+``schedule`` is made in C (``native/analysis.c``).  The same schedule is
+also made a batch at a time, in Python (``init``, then ``next_batch`` and
+``post_process`` in turn): the FSM scheduler keeps its ready lists here and
 replaces the choice of type; tests/test_native_analysis.py checks that both
-choose alike."""
+choose alike (``step_by_step``)."""
 
 from ... import _native
+from .structure import depths
 
 
 class AgendaScheduler:
     name = "agenda"
 
-    def whole_schedule(self, graph):
+    def schedule(self, graph):
         return _native.agenda_schedule(graph.type_of, graph.sources,
                                        len(graph.signatures))
 
+    def step_by_step(self, graph):
+        """The schedule a batch at a time, as the FSM scheduler drives it
+        (what ``schedule`` must equal)."""
+        self.init(graph)
+        batches = []
+        while (batch := self.next_batch()) is not None:
+            self.post_process(batch)
+            batches.append(batch)
+        return batches
+
     def init(self, graph):
-        from . import depths
         self._type_of = graph.type_of
         depth = self._depth_of_index = depths(graph)
         type_count = len(graph.signatures)

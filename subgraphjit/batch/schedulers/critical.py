@@ -11,12 +11,11 @@ Tree-LSTMs, MV-RNN and the BiLSTM tagger it reaches ED-Batch's lower bound
 is made in C (``native/analysis.c``)."""
 
 from ... import _native
-from .whole import WholeSchedule
 
 
-class CriticalScheduler(WholeSchedule):
+class CriticalScheduler:
     name = "critical"
 
-    def whole_schedule(self, graph):
+    def schedule(self, graph):
         return _native.critical_schedule(graph.type_of, graph.sources,
                                          len(graph.signatures))

@@ -2,12 +2,11 @@
 increasing depth, then type (``native/analysis.c``)."""
 
 from ... import _native
-from .whole import WholeSchedule
 
 
-class DepthScheduler(WholeSchedule):
+class DepthScheduler:
     name = "depth"
 
-    def whole_schedule(self, graph):
+    def schedule(self, graph):
         return _native.depth_schedule(graph.type_of, graph.sources,
                                       len(graph.signatures))

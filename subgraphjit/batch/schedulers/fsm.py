@@ -52,9 +52,8 @@ import time
 
 from tqdm import tqdm
 
-from .. import lower_bound
-from . import depths, schedule
 from .agenda import AgendaScheduler
+from .structure import depths, lower_bound
 
 ENCODINGS = ("sort", "max", "base")
 
@@ -281,7 +280,7 @@ class FsmPolicy:
         started = time.perf_counter()
         simulation = Simulation(graph)
         bound = lower_bound(graph)
-        agenda = len(schedule(graph, AgendaScheduler()))
+        agenda = len(AgendaScheduler().schedule(graph))
         rng = random.Random(config.seed)
         # Judged by their own schedules: a table made from one may need fewer
         # batches on this graph yet carry over worse to the next.  The share
@@ -431,24 +430,26 @@ class FsmScheduler:
 
     A state the table lacks is looked up by its set of ready types (the
     learned schedule's commonest choice there), else decided by the agenda
-    heuristic.  Scheduling needs only the graph's structure, so the whole
-    schedule is made in ``init``; when it needed any such guess, agenda's
-    own schedule is made too and the shorter one runs, so the FSM never
-    costs more batches than agenda.  ``statistics`` (optional) receives the
-    training time and the fallbacks; ``on_trained(policy)`` is called after
-    training."""
+    heuristic.  When the schedule needed any such guess, agenda's own
+    schedule is made too and the shorter one runs, so the FSM never costs
+    more batches than agenda.  ``policy``: the FsmPolicy to schedule with
+    (and to train while it needs training; a new one if not given).
+    ``statistics`` (optional) receives the training time and the
+    fallbacks; ``on_trained(policy)`` is called after training."""
 
     name = "fsm"
 
-    def __init__(self, policy, statistics=None, on_trained=None):
-        self.policy = policy
+    def __init__(self, policy=None, statistics=None, on_trained=None):
+        self.policy = policy if policy is not None else FsmPolicy()
         self.statistics = statistics
         self.on_trained = on_trained
         self.fallbacks = 0          # unseen states: agenda's choice
         self.coarse_decisions = 0   # unseen states known by their type set
         self.decisions = 0
 
-    def init(self, graph):
+    def schedule(self, graph):
+        """The policy's schedule, or agenda's where that is shorter; the
+        policy learns from this graph first if it needs training."""
         if self.policy.needs_training:
             report = self.policy.train(graph)
             if self.statistics is not None:
@@ -456,24 +457,18 @@ class FsmScheduler:
                 self.statistics["fsm_training_iterations"] += report.iterations
             if self.on_trained is not None:
                 self.on_trained(self.policy)
-        batches = self._schedule(graph)
+        batches = self._learned_schedule(graph)
         if self.fallbacks or self.coarse_decisions:
-            agenda_batches = schedule(graph, AgendaScheduler())
+            agenda_batches = AgendaScheduler().schedule(graph)
             if len(agenda_batches) < len(batches):
                 batches = agenda_batches
         if self.statistics is not None:
             self.statistics["scheduler_fallbacks"] += self.fallbacks
         if self.fallbacks > self.policy.config.retrain_share * self.decisions:
             self.policy.retrain = True   # a graph it mostly does not know
-        self._batches = batches[::-1]
+        return batches
 
-    def next_batch(self):
-        return self._batches.pop() if self._batches else None
-
-    def post_process(self, batch):
-        pass
-
-    def _schedule(self, graph):
+    def _learned_schedule(self, graph):
         """The policy's schedule; the agenda scheduler keeps the ready lists
         and dependency counts, the policy replaces its choice of type."""
         agenda = AgendaScheduler()

@@ -15,6 +15,18 @@ import tensorflow as tf
 from .. import _native
 from ..forced import forced_site
 
+# What reading an unevaluated node calls: ``evaluate(targets, forced_by=)``
+# of subgraphjit/evaluate.py, which imports this module and so installs
+# itself here (``use_evaluator``) instead of being imported from here.
+_evaluate = None
+
+
+def use_evaluator(evaluate):
+    """Make ``evaluate`` what a node whose value is read before its
+    evaluation calls (evaluate.py installs its own when imported)."""
+    global _evaluate
+    _evaluate = evaluate
+
 
 def _methods_for(native_type):
     """Attach a class body's methods and attributes to ``native_type`` and
@@ -91,8 +103,7 @@ class VirtualNode:
                 # Read before a scope or tf.build evaluated it: an evaluation
                 # of its own, counted under the user's line that read it
                 # (the stack is looked at only here, never while recording).
-                from ..evaluate import evaluate
-                evaluate([self], forced_by=forced_site(sys._getframe(1)))
+                _evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if self.result is None:
                 self.result = _row_of(self.batch, self.batch_row)
                 self.batch = None
@@ -110,8 +121,7 @@ class VirtualNode:
         op per instance."""
         if self.result is None:
             if self.batch is None:
-                from ..evaluate import evaluate
-                evaluate([self], forced_by=forced_site(sys._getframe(1)))
+                _evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if self.result is None and type(self.batch) is _EAGER_TENSOR:
                 try:   # a view of TensorFlow's host buffer (private; no copy)
                     batch = self.batch._numpy()

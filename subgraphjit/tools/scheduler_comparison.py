@@ -11,16 +11,15 @@ trees and the lattice LSTM on Weibo NER messages.
 """
 
 import dataclasses
-import pathlib
 import sys
 
 import numpy as np
 from tqdm import tqdm
 
-from .batch import lower_bound
-from .batch.graph import BatchGraph
-from .batch.schedulers import SCHEDULERS, schedule
-from .batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
+from ..batch.graph import BatchGraph
+from ..batch.schedulers import SCHEDULERS, lower_bound
+from ..batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
+from . import REPOSITORY
 from .report import print_table
 
 COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda", "critical",
@@ -30,13 +29,13 @@ COLUMNS = ("model", "nodes", "lower bound", "depth", "agenda", "critical",
 
 def count_batches(graph, scheduler):
     """How many batches the scheduler needs for the graph (nothing runs)."""
-    return len(schedule(graph, scheduler))
+    return len(scheduler.schedule(graph))
 
 
 def recorded_graph(loss_of_minibatch):
     """The BatchGraph of one minibatch's loss, recorded but not evaluated."""
     import subgraphjit as tf
-    from .evaluate import unevaluated_ancestors
+    from ..evaluate import unevaluated_ancestors
 
     saved = tf.get_parameter("granularity")
     tf.set_parameter("granularity", "op")
@@ -48,13 +47,12 @@ def recorded_graph(loss_of_minibatch):
 
 
 def _make_experiments_importable():
-    repository = pathlib.Path(__file__).resolve().parents[1]
-    if not (repository / "experiments").is_dir():
+    if not (REPOSITORY / "experiments").is_dir():
         raise SystemExit("subgraphjit tune --schedulers runs the example models "
                          "of a source checkout's experiments/; this installed "
                          "copy has none")
-    if str(repository) not in sys.path:
-        sys.path.insert(0, str(repository))
+    if str(REPOSITORY) not in sys.path:
+        sys.path.insert(0, str(REPOSITORY))
 
 
 def example_minibatches(batch_size, seed, models=None):

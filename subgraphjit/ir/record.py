@@ -12,7 +12,7 @@ TensorFlow.  A wrapper does one of three things:
   tf.function, a ragged tensor, ...): calls the real function, as eager mode.
 
 Each row also gets a *dispatch target* with the same signature: what
-TensorFlow's own function calls when given a VirtualNode (patch/dispatch.py).
+TensorFlow's own function calls when given a VirtualNode (dropin/dispatch.py).
 It records exactly as the wrapper does, but where the wrapper would call the
 real function it returns NotImplemented, which tells TensorFlow to run its
 own implementation: calling the real function with a node would reach the

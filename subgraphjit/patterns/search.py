@@ -38,11 +38,11 @@ import collections
 import statistics
 import time
 
-from . import _native
+from .. import _native
+from ..context import context
+from ..ir.node import VirtualNode
+from ..ir.record import ACCESS
 from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
-from .context import context
-from .patch.node import VirtualNode
-from .patch.record import ACCESS
 from .signature import Signer, Template, has_value_operand
 
 # Collection also ends once it has seen this many nodes, however few

@@ -32,7 +32,7 @@ Two places cannot take a layer node, and the node keeps out of them:
 
 * patterns (``granularity="subgraph"``): a pattern is generated source of
   TensorFlow calls, and a layer call is none.  A node with a NumPy operand
-  is never part of a pattern (``signature.has_value_operand``), so each
+  is never part of a pattern (``patterns.signature.has_value_operand``), so each
   layer node carries ``_MARKER``, a NumPy scalar the layer never sees;
 * compiled programs (program.py): they pass the variables they read as
   explicit arguments and return gradients only for those, while a layer
@@ -50,10 +50,10 @@ import tensorflow as tf
 from tensorflow.python.eager import record as tape_record
 
 from ..context import context
-from .node import VirtualNode
-from .record import OpRow, user_site
-from .record import record as _record
-from .spec import NotLazy, is_variable, spec
+from ..ir.node import VirtualNode
+from ..ir.record import OpRow, user_site
+from ..ir.record import record as _record
+from ..ir.spec import NotLazy, is_variable, spec
 
 FAMILY = "layer"
 # The extra operand that keeps a layer node out of patterns (see above).

@@ -34,10 +34,10 @@ import tensorflow as tf
 from tensorflow.python.util import dispatch as tf_dispatch
 
 from ..context import context
-from .node import VirtualNode
-from .record import OpRow, build_row_functions, record, thaw, user_site
-from .spec import NotLazy, is_variable, spec
-from .table import OPERATOR_ROWS, TF_ROWS
+from ..ir.node import VirtualNode
+from ..ir.record import OpRow, build_row_functions, record, thaw, user_site
+from ..ir.spec import NotLazy, is_variable, spec
+from ..ir.table import OPERATOR_ROWS, TF_ROWS
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only
@@ -333,9 +333,9 @@ class GenericApi:
         row.refused_keys = set()
         build_row_functions(row, self.path.rsplit(".", 1)[-1])
         row.call = self._call_for(row)
-        # Patterns name their ops' rows by name (codegen.py); a generic row
+        # Patterns name their ops' rows by name (patterns/codegen.py); a generic row
         # renders as tf.<path>(operands, attributes), as a table row does.
-        from ..codegen import ROWS_BY_NAME
+        from ..patterns.codegen import ROWS_BY_NAME
         ROWS_BY_NAME.setdefault(row.name, row)
         return row
 

@@ -11,7 +11,7 @@ itself once collection ends.
 
 ``subgraphjit tune --schedulers`` compares the batching schedulers instead:
 batches per minibatch of depth, agenda and the learned FSM against the lower
-bound on every example model (``subgraphjit/scheduler_comparison.py``);
+bound on every example model (``subgraphjit/tools/scheduler_comparison.py``);
 ``--fsm-sweep alpha=0.5,1,2`` repeats it for each value of an FSM
 hyperparameter.
 """
@@ -26,9 +26,10 @@ import sys
 
 from tqdm import tqdm
 
+from . import REPOSITORY
 from .report import print_table
 
-DEFAULT_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "treelstm_sst.py"
+DEFAULT_SCRIPT = REPOSITORY / "experiments" / "treelstm_sst.py"
 COLUMNS = ("depth", "subgraphs", "distinct", "average occurrences",
            "average ops", "ops covered")
 
@@ -88,7 +89,7 @@ def parse_depths(text):
 def collect_once(script, script_arguments, depth, arguments):
     """Run the script until its collection stage ends; returns the row."""
     import subgraphjit
-    from subgraphjit.search import SEARCH
+    from subgraphjit.patterns.search import SEARCH
 
     for key, value in (("granularity", "subgraph"), ("depth", depth),
                        ("collect", arguments.collect), ("freq", arguments.freq),
@@ -126,7 +127,7 @@ def collect_once(script, script_arguments, depth, arguments):
 
 def parse_sweep(items):
     """``["alpha=0.5,1", "n_step=2,4"]`` -> the FsmConfig overrides to try."""
-    from .batch.schedulers.fsm import FsmConfig
+    from ..batch.schedulers.fsm import FsmConfig
     fields = {field.name: field for field in dataclasses.fields(FsmConfig)}
     axes = []
     for item in items:
@@ -144,8 +145,8 @@ def parse_sweep(items):
 
 
 def compare_schedulers(arguments):
+    from ..batch.schedulers.fsm import FsmConfig
     from . import scheduler_comparison
-    from .batch.schedulers.fsm import FsmConfig
 
     models = arguments.models.split(",") if arguments.models else None
     sweep = parse_sweep(arguments.fsm_sweep)

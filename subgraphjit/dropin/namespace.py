@@ -16,11 +16,11 @@ import types
 
 import tensorflow as tf
 
+from ..ir.node import VirtualNode
+from ..ir.record import build_row_functions, record
+from ..ir.spec import NotLazy
+from ..ir.table import ALL_ROWS, GETITEM, OPERATOR_ROWS, OPERATORS, TF_ROWS
 from . import dispatch, layers, optimizers
-from .node import VirtualNode
-from .record import build_row_functions, record
-from .spec import NotLazy
-from .table import ALL_ROWS, GETITEM, OPERATOR_ROWS, OPERATORS, TF_ROWS
 
 # Submodules that hold patched functions; each gets a forwarding proxy.
 PATCHED_SUBMODULES = ("math", "nn", "linalg")
@@ -88,7 +88,7 @@ def install(package, special_wrappers):
     package.keras = keras
     _install_operators()
     dispatch.install(special_wrappers)  # TensorFlow's own functions record too
-    layers.install()   # and Keras layers known to be row-wise (patch/layers.py)
+    layers.install()   # and Keras layers known to be row-wise (dropin/layers.py)
 
 
 def _install_operators():

@@ -37,12 +37,12 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from .batch.rules import NoRule, gather_rows, rule_for
-from .context import context
-from .patch import spec as specs
-from .patch.record import ACCESS, OpRow, infer_spec
-from .patch.spec import is_variable
-from .patch.table import ALL_ROWS, GETITEM
+from ..batch.rules import NoRule, gather_rows, rule_for
+from ..context import context
+from ..ir import spec as specs
+from ..ir.record import ACCESS, OpRow, infer_spec
+from ..ir.spec import is_variable
+from ..ir.table import ALL_ROWS, GETITEM
 
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 _pattern_numbers = itertools.count(1)

@@ -41,10 +41,10 @@ import itertools
 import tensorflow as tf
 import xxhash
 
-from . import _native
-from .patch.node import VirtualNode
-from .patch.record import ACCESS
-from .patch.spec import is_variable, spec_of_foreign
+from .. import _native
+from ..ir.node import VirtualNode
+from ..ir.record import ACCESS
+from ..ir.spec import is_variable, spec_of_foreign
 
 LEVELS = ("shape", "structure", "signature")
 

@@ -1,1 +1,0 @@
-"""Recording: the op table, the patched wrappers, and VirtualNode."""
