@@ -120,6 +120,42 @@ def test_a_program_reused_on_another_minibatch_gives_its_results(compiled):
     assert stats["program_cache_hits"] == 1 and stats["programs_compiled"] == 0
 
 
+@pytest.mark.parametrize("in_tape,aside", [(2, 0), (1, 1), (2, 1)])
+def test_other_forwards_of_a_program_before_a_backward(compiled, in_tape, aside):
+    """Minibatches of one structure run one compiled program: ``in_tape``
+    of them under one tape, then ``aside`` more with the tape paused
+    (inference), before the gradient.  Each backward reads its own
+    forward's rows, whichever forward ran last, so the gradient of the
+    tape's weighted sum is eager's."""
+    rng = np.random.default_rng(12)
+    model = MODELS["tree_lstm"](rng)
+    minibatch_loss_and_gradients(tf, model, model.random_examples(rng, 5))  # collect
+    first = model.random_examples(rng, 5)
+    minibatch_loss_and_gradients(tf, model, first)   # compiles
+    minibatches = [first] + [relabelled(first, rng, model)
+                             for _ in range(in_tape + aside - 1)]
+
+    def total_and_gradients(module):
+        def loss_of(examples):
+            loss = module.add_n([model.loss(module, e) for e in examples])
+            return module.build(loss) if hasattr(module, "build") else loss
+        with module.GradientTape() as tape:
+            total = sum((k + 1.0) * loss_of(examples)
+                        for k, examples in enumerate(minibatches[:in_tape]))
+            with tape.stop_recording():
+                for examples in minibatches[in_tape:]:
+                    float(loss_of(examples))
+        return total, tape.gradient(total, model.variables)
+
+    tf.reset_stats()
+    total, gradients = total_and_gradients(tf)
+    assert tf.stats()["program_runs"] == in_tape + aside
+    expected_total, expected_gradients = total_and_gradients(tensorflow)
+    np.testing.assert_allclose(float(total), float(expected_total), rtol=1e-5)
+    for got, want in zip(gradients, expected_gradients):
+        assert_gradient_equal(got, want, atol=1e-5)
+
+
 def with_cells_of_kind(examples, cell):
     """TreeLSTM-2Type examples whose internal nodes are all cell ``cell``."""
     def assign(tree):
