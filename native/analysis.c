@@ -4,7 +4,8 @@
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
  * - scope_leftovers: what a closing scope still has to evaluate.
  * - search_roots: where the pattern search starts.
- * - depths, agenda_schedule, depth_schedule: the schedulers' integer work
+ * - depths, agenda_schedule, depth_schedule, critical_schedule,
+ *   fsm_schedule: the schedulers' integer work (and the FSM's table look-ups)
  *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
  * - describe_graph: BatchGraph's loop (types, duplicates, operands,
  *   sources), calling back into batch/graph.py for rare operands.
@@ -475,19 +476,172 @@ make_ready(Ready *ready, Py_ssize_t *active, Py_ssize_t *active_count,
 /* How a ready-list scheduler picks the next type. */
 enum { LOWEST_AVERAGE_DEPTH, HIGHEST_READY };
 
-/* Repeatedly run every ready node of the type ``rule`` picks (ties: the
- * type that became ready first): the batches, lists of node indices in
- * the order they became ready.  Nodes of type -1 are not scheduled. */
-static PyObject *
-ready_schedule(PyObject *args, const char *format, int rule)
+/* The FSM scheduler's choice (batch/schedulers/fsm.py, FsmPolicy): the
+ * learned table's greedy type name for the frontier's state, else the
+ * commonest choice the learned schedule made for the same set of ready
+ * names, else none (the agenda rule picks).  Names are given as ids that
+ * are their ranks in sorted order, so every ordering below is integer
+ * work; the states are the tuples of name strings FsmPolicy keys by. */
+enum { ENCODE_SORT, ENCODE_MAX, ENCODE_BASE };
+
+typedef struct {
+    PyObject *table, *coarse;   /* {state: {name: value}}, {base state: {name: votes}} */
+    PyObject *names;            /* list of the names, sorted: id = rank */
+    const Py_ssize_t *name_of_type;
+    int encoding;
+    /* Per name id, for one decision (count 0 outside it): its ready
+     * nodes, and the active slot of its earliest-entered type. */
+    Py_ssize_t *count, *slot, *present, present_count;
+    Py_ssize_t decisions, coarse_decisions, fallbacks;
+} Fsm;
+
+static const Fsm *sort_fsm;   /* (qsort has no context argument) */
+
+static int
+by_rank(const void *a, const void *b)
 {
-    PyObject *type_of_arg, *sources_arg;
-    Py_ssize_t type_count;
-    if (!PyArg_ParseTuple(args, format, &type_of_arg, &sources_arg, &type_count))
-        return NULL;
-    Structure graph;
-    if (structure_read(&graph, type_of_arg, sources_arg, type_count) < 0)
-        return NULL;
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* -count, then rank: encode("sort")'s order. */
+static int
+by_count_rank(const void *a, const void *b)
+{
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    Py_ssize_t cx = sort_fsm->count[x], cy = sort_fsm->count[y];
+    if (cx != cy)
+        return cx > cy ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* A tuple of the names with these ids (a new reference, or NULL). */
+static PyObject *
+name_tuple(const Fsm *fsm, const Py_ssize_t *ids, Py_ssize_t size)
+{
+    PyObject *tuple = PyTuple_New(size);
+    if (tuple != NULL)
+        for (Py_ssize_t i = 0; i < size; i++)
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(PyList_GET_ITEM(fsm->names, ids[i])));
+    return tuple;
+}
+
+/* The name in ``scores`` (a dict {name: number}) with the highest (score,
+ * name) among the present names: its id, -1 for none, -2 on error. */
+static Py_ssize_t
+best_present(const Fsm *fsm, PyObject *scores)
+{
+    Py_ssize_t best = -1;
+    double best_score = 0.0;
+    for (Py_ssize_t i = 0; i < fsm->present_count; i++) {
+        Py_ssize_t id = fsm->present[i];
+        PyObject *score = PyDict_GetItemWithError(scores, PyList_GET_ITEM(fsm->names, id));
+        if (score == NULL) {
+            if (PyErr_Occurred())
+                return -2;
+            continue;
+        }
+        double value = PyFloat_AsDouble(score);
+        if (value == -1.0 && PyErr_Occurred())
+            return -2;
+        if (best < 0 || value > best_score || (value == best_score && id > best)) {
+            best = id;
+            best_score = value;
+        }
+    }
+    return best;
+}
+
+/* The active slot of the type the FSM picks from the ready lists, -1 for
+ * none (the agenda rule decides), -2 on error. */
+static Py_ssize_t
+fsm_choose(Fsm *fsm, const Ready *ready, const Py_ssize_t *active,
+           Py_ssize_t active_count)
+{
+    fsm->decisions++;
+    fsm->present_count = 0;
+    for (Py_ssize_t a = 0; a < active_count; a++) {
+        Py_ssize_t type = active[a], id = fsm->name_of_type[type];
+        if (fsm->count[id] == 0) {
+            fsm->present[fsm->present_count++] = id;
+            fsm->slot[id] = a;
+        }
+        else if (ready[type].entered < ready[active[fsm->slot[id]]].entered) {
+            fsm->slot[id] = a;
+        }
+        fsm->count[id] += ready[type].size;
+    }
+    Py_ssize_t size = fsm->present_count, chosen = -1;
+    Py_ssize_t *ids = PyMem_New(Py_ssize_t, size + 1);
+    PyObject *state = NULL, *base = NULL;
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        chosen = -2;
+        goto done;
+    }
+    memcpy(ids, fsm->present, size * sizeof(Py_ssize_t));
+    qsort(ids, size, sizeof(Py_ssize_t), by_rank);
+    base = name_tuple(fsm, ids, size);
+    if (base == NULL) {
+        chosen = -2;
+        goto done;
+    }
+    if (fsm->encoding == ENCODE_BASE) {
+        state = Py_NewRef(base);
+    }
+    else {
+        sort_fsm = fsm;
+        qsort(ids, size, sizeof(Py_ssize_t), by_count_rank);
+        state = fsm->encoding == ENCODE_SORT ? name_tuple(fsm, ids, size)
+            : PyTuple_Pack(2, base, PyList_GET_ITEM(fsm->names, ids[0]));
+        if (state == NULL) {
+            chosen = -2;
+            goto done;
+        }
+    }
+    PyObject *values = PyDict_GetItemWithError(fsm->table, state);
+    if (values == NULL && PyErr_Occurred()) {
+        chosen = -2;
+        goto done;
+    }
+    if (values != NULL && PyDict_Check(values)
+            && (chosen = best_present(fsm, values)) >= 0) {
+        chosen = fsm->slot[chosen];
+        goto done;
+    }
+    if (chosen == -2)
+        goto done;
+    PyObject *votes = PyDict_GetItemWithError(fsm->coarse, base);
+    if (votes == NULL && PyErr_Occurred()) {
+        chosen = -2;
+        goto done;
+    }
+    if (votes != NULL && PyDict_Check(votes)
+            && (chosen = best_present(fsm, votes)) >= 0) {
+        fsm->coarse_decisions++;
+        chosen = fsm->slot[chosen];
+        goto done;
+    }
+    if (chosen != -2) {
+        fsm->fallbacks++;
+        chosen = -1;
+    }
+done:
+    for (Py_ssize_t i = 0; i < fsm->present_count; i++)
+        fsm->count[fsm->present[i]] = 0;
+    PyMem_Free(ids);
+    Py_XDECREF(state);
+    Py_XDECREF(base);
+    return chosen;
+}
+
+/* Repeatedly run every ready node of the type the FSM (if given) or else
+ * ``rule`` picks (ties: the type that became ready first): the batches,
+ * lists of node indices in the order they became ready.  Nodes of type -1
+ * are not scheduled.  Frees ``graph``. */
+static PyObject *
+ready_schedule(Structure graph, int rule, Fsm *fsm)
+{
     Py_ssize_t count = graph.count, types = graph.type_count;
     const Py_ssize_t *type_of = graph.type_of, *depth = graph.depth;
     PyObject *batches = NULL;
@@ -568,19 +722,26 @@ ready_schedule(PyObject *args, const char *format, int rule)
          * Python's float division gave it (exact for sums below 2**53);
          * HIGHEST_READY: the highest ready node (as the lowest negated
          * height); then the earliest entry. */
-        Py_ssize_t best = 0;
+        Py_ssize_t best = fsm == NULL ? -1 : fsm_choose(fsm, ready, active, active_count);
+        if (best == -2) {
+            Py_CLEAR(batches);
+            goto done;
+        }
         double best_key = 0.0;
-        for (Py_ssize_t a = 0; a < active_count; a++) {
+        Py_ssize_t best_rule = 0;
+        for (Py_ssize_t a = 0; best < 0 && a < active_count; a++) {
             Py_ssize_t t = active[a];
             double key = rule == HIGHEST_READY ? -(double)ready[t].highest
                 : (double)depth_sum[t] / (double)remaining[t];
             if (a == 0 || key < best_key
                     || (key == best_key
-                        && ready[t].entered < ready[active[best]].entered)) {
-                best = a;
+                        && ready[t].entered < ready[active[best_rule]].entered)) {
+                best_rule = a;
                 best_key = key;
             }
         }
+        if (best < 0)
+            best = best_rule;
         Py_ssize_t chosen = active[best];
         active[best] = active[--active_count];
         /* Taken out whole: post-processing may make new nodes of the same
@@ -632,10 +793,24 @@ PyDoc_STRVAR(agenda_schedule_doc,
 "ready first); returns the batches, lists of node indices in the order\n"
 "they became ready.  Nodes of type -1 are not scheduled.");
 
+/* The Structure of (type_of, sources, type_count) arguments. */
+static int
+structure_args(PyObject *args, const char *format, Structure *graph)
+{
+    PyObject *type_of, *sources;
+    Py_ssize_t type_count;
+    if (!PyArg_ParseTuple(args, format, &type_of, &sources, &type_count))
+        return -1;
+    return structure_read(graph, type_of, sources, type_count);
+}
+
 static PyObject *
 agenda_schedule(PyObject *module, PyObject *args)
 {
-    return ready_schedule(args, "OOn:agenda_schedule", LOWEST_AVERAGE_DEPTH);
+    Structure graph;
+    if (structure_args(args, "OOn:agenda_schedule", &graph) < 0)
+        return NULL;
+    return ready_schedule(graph, LOWEST_AVERAGE_DEPTH, NULL);
 }
 
 PyDoc_STRVAR(critical_schedule_doc,
@@ -648,7 +823,92 @@ PyDoc_STRVAR(critical_schedule_doc,
 static PyObject *
 critical_schedule(PyObject *module, PyObject *args)
 {
-    return ready_schedule(args, "OOn:critical_schedule", HIGHEST_READY);
+    Structure graph;
+    if (structure_args(args, "OOn:critical_schedule", &graph) < 0)
+        return NULL;
+    return ready_schedule(graph, HIGHEST_READY, NULL);
+}
+
+PyDoc_STRVAR(fsm_schedule_doc,
+"fsm_schedule(type_of, sources, type_count, names, name_of_type, encoding,\n"
+"             table, coarse)\n--\n\n"
+"The FSM scheduler's schedule with a learned policy (batch/schedulers/fsm.py):\n"
+"agenda's ready lists, with the type chosen by the policy's ``table`` for\n"
+"the frontier's state (``encoding``: 'sort', 'max' or 'base', as\n"
+"fsm.encode), else by ``coarse`` for its set of ready names, else by the\n"
+"agenda rule.  ``names``: the type names, sorted; ``name_of_type``: each\n"
+"type's index in ``names``.  Returns (batches, decisions, coarse decisions,\n"
+"fallbacks to agenda).");
+
+static PyObject *
+fsm_schedule(PyObject *module, PyObject *args)
+{
+    PyObject *type_of, *sources, *names, *name_of_type_arg, *encoding;
+    Py_ssize_t type_count;
+    Fsm fsm = {0};
+    if (!PyArg_ParseTuple(args, "OOnO!OUO!O!:fsm_schedule", &type_of, &sources,
+                          &type_count, &PyList_Type, &names, &name_of_type_arg,
+                          &encoding, &PyDict_Type, &fsm.table, &PyDict_Type,
+                          &fsm.coarse))
+        return NULL;
+    if (PyUnicode_CompareWithASCIIString(encoding, "sort") == 0)
+        fsm.encoding = ENCODE_SORT;
+    else if (PyUnicode_CompareWithASCIIString(encoding, "max") == 0)
+        fsm.encoding = ENCODE_MAX;
+    else if (PyUnicode_CompareWithASCIIString(encoding, "base") == 0)
+        fsm.encoding = ENCODE_BASE;
+    else {
+        PyErr_Format(PyExc_ValueError, "unknown FSM encoding %R", encoding);
+        return NULL;
+    }
+    Py_ssize_t name_count = PyList_GET_SIZE(names);
+    Py_ssize_t *name_of_type = PyMem_New(Py_ssize_t, type_count + 1);
+    PyObject *given = PySequence_Fast(name_of_type_arg, "name_of_type must be a sequence");
+    if (name_of_type == NULL || given == NULL) {
+        PyMem_Free(name_of_type);
+        Py_XDECREF(given);
+        return given == NULL ? NULL : PyErr_NoMemory();
+    }
+    if (PySequence_Fast_GET_SIZE(given) != type_count) {
+        PyErr_SetString(PyExc_ValueError, "name_of_type must give every type a name");
+        goto fail;
+    }
+    for (Py_ssize_t t = 0; t < type_count; t++) {
+        if (index_in(PySequence_Fast_GET_ITEM(given, t), 0, name_count, "the name",
+                     t, &name_of_type[t]) < 0)
+            goto fail;
+    }
+    fsm.names = names;
+    fsm.name_of_type = name_of_type;
+    fsm.count = PyMem_Calloc(name_count + 1, sizeof(Py_ssize_t));
+    fsm.slot = PyMem_New(Py_ssize_t, name_count + 1);
+    fsm.present = PyMem_New(Py_ssize_t, name_count + 1);
+    if (fsm.count == NULL || fsm.slot == NULL || fsm.present == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Structure graph;
+    Py_INCREF(names);   /* (held: dict lookups may run code) */
+    PyObject *batches = structure_read(&graph, type_of, sources, type_count) < 0
+                        ? NULL : ready_schedule(graph, LOWEST_AVERAGE_DEPTH, &fsm);
+    Py_DECREF(names);
+    PyObject *result = batches == NULL ? NULL
+        : Py_BuildValue("(Onnn)", batches, fsm.decisions, fsm.coarse_decisions,
+                        fsm.fallbacks);
+    Py_XDECREF(batches);
+    PyMem_Free(fsm.count);
+    PyMem_Free(fsm.slot);
+    PyMem_Free(fsm.present);
+    PyMem_Free(name_of_type);
+    Py_DECREF(given);
+    return result;
+fail:
+    PyMem_Free(fsm.count);
+    PyMem_Free(fsm.slot);
+    PyMem_Free(fsm.present);
+    PyMem_Free(name_of_type);
+    Py_DECREF(given);
+    return NULL;
 }
 
 /* -- the BatchGraph's description ------------------------------------------- */
@@ -1607,6 +1867,7 @@ static PyMethodDef analysis_methods[] = {
     {"depth_schedule", depth_schedule, METH_VARARGS, depth_schedule_doc},
     {"agenda_schedule", agenda_schedule, METH_VARARGS, agenda_schedule_doc},
     {"critical_schedule", critical_schedule, METH_VARARGS, critical_schedule_doc},
+    {"fsm_schedule", fsm_schedule, METH_VARARGS, fsm_schedule_doc},
     {"describe_graph", describe_graph, METH_VARARGS, describe_graph_doc},
     {NULL},
 };

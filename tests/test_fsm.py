@@ -8,8 +8,9 @@ import pytest
 
 import subgraphjit as tf
 from subgraphjit.batch.schedulers import SCHEDULERS, lower_bound
+from subgraphjit.batch.schedulers.structure import depths
 from subgraphjit.batch.schedulers.fsm import (
-    ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode)
+    ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode, ready_names)
 from subgraphjit.tools.scheduler_comparison import count_batches, recorded_graph
 from experiments.example_models import MODELS
 
@@ -98,6 +99,110 @@ def test_fsm_on_example_models(model_name):
     assert len(batches) <= count_batches(graphs[1], SCHEDULERS["agenda"]())
     if model_name in ("tree_lstm", "tree_gru", "bilstm_tagger"):
         assert len(batches) == lower_bound(graphs[1])
+
+
+class StepByStepAgenda:
+    """Agenda's schedule a batch at a time (``init``, then ``next_batch``
+    and ``post_process`` in turn), whose ready lists the reference FSM
+    schedule below picks from."""
+
+    def init(self, graph):
+        self._type_of = graph.type_of
+        depth = self._depth_of_index = depths(graph)
+        type_count = len(graph.signatures)
+        self._remaining = [0] * type_count
+        self._depth_sum = [0] * type_count
+        self._waiting_for = {}
+        self._consumers = {}
+        # Ready nodes by type (public: the FSM scheduler picks from them).
+        self.ready = {}
+        for index, node_type in enumerate(graph.type_of):
+            if node_type < 0:
+                continue
+            self._remaining[node_type] += 1
+            self._depth_sum[node_type] += depth[index]
+            needed = graph.sources[index]
+            if needed:
+                self._waiting_for[index] = len(needed)
+                for source in needed:
+                    self._consumers.setdefault(source, []).append(index)
+            else:
+                self.ready.setdefault(node_type, []).append(index)
+
+    def next_batch(self):
+        if not self.ready:
+            return None
+        chosen = min(self.ready, key=lambda node_type:
+                     self._depth_sum[node_type] / self._remaining[node_type])
+        return self.ready.pop(chosen)
+
+    def post_process(self, batch):
+        depth = self._depth_of_index
+        for index in batch:
+            node_type = self._type_of[index]
+            self._remaining[node_type] -= 1
+            self._depth_sum[node_type] -= depth[index]
+            for consumer in self._consumers.pop(index, ()):
+                self._waiting_for[consumer] -= 1
+                if self._waiting_for[consumer] == 0:
+                    del self._waiting_for[consumer]
+                    self.ready.setdefault(self._type_of[consumer], []).append(consumer)
+
+
+def reference_learned_schedule(policy, graph):
+    """The FSM's schedule a decision at a time in Python (what the native
+    fsm_schedule replaced, kept as its reference): agenda's ready lists,
+    the type chosen by the table, else by the coarse votes, else by agenda.
+    Returns (batches, decisions, coarse decisions, fallbacks)."""
+    agenda = StepByStepAgenda()
+    agenda.init(graph)
+    ready, names = agenda.ready, graph.type_names
+    batches, decisions, coarse, fallbacks = [], 0, 0, 0
+    while ready:
+        decisions += 1
+        counts, type_of_name = ready_names(ready, names)
+        name = policy.choose(encode(policy.config.encoding, counts), counts)
+        if name is None:
+            name = policy.choose_coarse(counts)
+            coarse += name is not None
+        if name is None:
+            fallbacks += 1
+            batch = agenda.next_batch()
+        else:
+            batch = ready.pop(type_of_name[name])
+        agenda.post_process(batch)
+        batches.append(batch)
+    return batches, decisions, coarse, fallbacks
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("model_name", ["tree_lstm_2type", "lattice_lstm", "bilstm_tagger"])
+def test_native_fsm_schedule_equals_the_python_one(model_name, encoding):
+    """The C schedule (native/analysis.c, fsm_schedule) against the Python
+    it replaced: the same batches, decisions, coarse decisions and
+    fallbacks, on a graph the policy learned from, on another minibatch
+    (unseen states: coarse votes and agenda), and with a table whose
+    values tie (the larger name wins, as max over (value, name))."""
+    rng = np.random.default_rng(8)
+    model = MODELS[model_name](rng)
+    graphs = [recorded_graph(lambda tf, examples=model.random_examples(rng, count):
+                             tf.add_n([model.loss(tf, e) for e in examples]))
+              for count in (12, 20)]
+    policy = FsmPolicy(FsmConfig(encoding=encoding, max_iterations=30))
+    policy.train(graphs[0], progress=False)
+    tied = FsmPolicy(FsmConfig(encoding=encoding))
+    tied.table = {state: dict.fromkeys(values, 1.0) for state, values in policy.table.items()}
+    tied.coarse = {state: dict.fromkeys(votes, 2) for state, votes in policy.coarse.items()}
+    outcomes = set()
+    for trained in (policy, tied):
+        for graph in graphs:
+            scheduler = FsmScheduler(trained)
+            expected = reference_learned_schedule(trained, graph)
+            batches = scheduler._learned_schedule(graph)
+            assert (batches, scheduler.decisions, scheduler.coarse_decisions,
+                    scheduler.fallbacks) == expected
+            outcomes.add((scheduler.coarse_decisions > 0, scheduler.fallbacks > 0))
+    assert len(outcomes) > 1   # (not every schedule went one way)
 
 
 def test_training_starts_from_the_better_heuristic():

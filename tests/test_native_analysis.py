@@ -235,7 +235,6 @@ def check_schedules(graph):
     assert depths(graph) == reference_depths(graph)
     expected = reference_agenda_schedule(graph)
     assert AgendaScheduler().schedule(graph) == expected
-    assert AgendaScheduler().step_by_step(graph) == expected
     assert DepthScheduler().schedule(graph) == reference_depth_schedule(graph)
     expected = reference_agenda_schedule(graph, critical=True)
     assert CriticalScheduler().schedule(graph) == expected

@@ -52,6 +52,7 @@ import time
 
 from tqdm import tqdm
 
+from ... import _native
 from .agenda import AgendaScheduler
 from .structure import depths, lower_bound
 
@@ -469,27 +470,18 @@ class FsmScheduler:
         return batches
 
     def _learned_schedule(self, graph):
-        """The policy's schedule; the agenda scheduler keeps the ready lists
-        and dependency counts, the policy replaces its choice of type."""
-        agenda = AgendaScheduler()
-        agenda.init(graph)
-        ready, names = agenda.ready, graph.type_names
-        encoding, policy = self.policy.config.encoding, self.policy
-        batches = []
-        while ready:
-            self.decisions += 1
-            counts, type_of_name = ready_names(ready, names)
-            name = policy.choose(encode(encoding, counts), counts)
-            if name is None:
-                name = policy.choose_coarse(counts)
-                self.coarse_decisions += name is not None
-            if name is None:
-                self.fallbacks += 1
-                batch = agenda.next_batch()
-            else:
-                batch = ready.pop(type_of_name[name])
-            agenda.post_process(batch)
-            batches.append(batch)
+        """The policy's schedule: agenda's ready lists, the policy's choice
+        of type (in C, ``native/analysis.c``: ``fsm_schedule``; the
+        decisions are table look-ups, the bookkeeping is agenda's)."""
+        names = sorted(set(graph.type_names))
+        rank = {name: number for number, name in enumerate(names)}
+        batches, decisions, coarse, fallbacks = _native.fsm_schedule(
+            graph.type_of, graph.sources, len(graph.signatures), names,
+            [rank[name] for name in graph.type_names], self.policy.config.encoding,
+            self.policy.table, self.policy.coarse)
+        self.decisions += decisions
+        self.coarse_decisions += coarse
+        self.fallbacks += fallbacks
         return batches
 
 
