@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..ir.record import ACCESS, OpRow
+from ..ir.record import ACCESS, PATTERN_KINDS, OpRow
 from ..ir.spec import is_variable, spec_of_foreign
 
 _PYTHON_NUMBERS = (int, float, bool)
@@ -144,7 +144,7 @@ def _row_info(row):
     True/False for a pattern, else the operand position whose being a
     variable makes the node a lookup of its rows (module docstring), or
     None."""
-    if row.family == "pattern":
+    if row.node_kind in PATTERN_KINDS:
         return row.index_positions, bool(row.pattern.gathers_variable_rows)
     return row.index_positions, row.gathers_from
 

@@ -34,6 +34,19 @@ from .node import VirtualNode
 from .spec import NotLazy, is_variable, spec_of_foreign
 
 
+# What a node is, named by its row's ``node_kind``: the one place Python
+# tells nodes apart (the C code compares with the access row it is given).
+# A row's ``family`` says how an op batches; its node kind, what it does:
+#   "op"       a TensorFlow op: a row of the table, a generic row
+#              (dropin/dispatch.py) or a Keras layer's call (dropin/layers.py)
+#   "access"   one output of a multi-output node (the one ACCESS row)
+#   "pattern"  a compiled frequent subgraph (patterns/codegen.py's Pattern)
+#   "fused"    two patterns joined into one call (codegen's FusedPattern)
+NODE_KINDS = ("op", "access", "pattern", "fused")
+# The node kinds that run a pattern's compiled code (``row.pattern``).
+PATTERN_KINDS = frozenset({"pattern", "fused"})
+
+
 class OpRow:
     """One row of the op table.
 
@@ -44,12 +57,17 @@ class OpRow:
     the op batches; ``multi_output`` ops return a list of nodes.
     ``gathers_from`` is the operand whose rows the op gathers (None for
     other ops): a variable there gets its gradient from eager TensorFlow as
-    an IndexedSlices with one entry per gathered row.
+    an IndexedSlices with one entry per gathered row.  ``node_kind`` is one
+    of ``NODE_KINDS``; a row of a pattern kind has its ``pattern``.
     """
 
     def __init__(self, name, fn, family, tensors=1, list_input=False,
                  index_positions=(), multi_output=False, thaw=None,
-                 gathers_from=None):
+                 gathers_from=None, node_kind="op"):
+        if node_kind not in NODE_KINDS:
+            raise ValueError(f"unknown node kind {node_kind!r}")
+        self.node_kind = node_kind
+        self.pattern = None         # what a row of a pattern kind runs
         self.name = name
         self.fn = fn
         self.family = family
@@ -245,7 +263,7 @@ def _access_call(values, attrs):
     return values[0][attrs[0]]
 
 
-ACCESS = OpRow("access", None, "access")
+ACCESS = OpRow("access", None, "access", node_kind="access")
 ACCESS.call = _access_call
 
 _native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,

@@ -122,7 +122,7 @@ class PatternSearch:
         reached = {node.id: node for node in roots}
         while queue:
             node = queue.popleft()
-            if node.row is ACCESS or has_value_operand(node):
+            if node.row.node_kind == "access" or has_value_operand(node):
                 _enqueue(node.inputs, reached, queue)
                 continue
             found = signer.walk(node, depth)
@@ -289,9 +289,8 @@ class Trial:
 def _row_kind(row):
     """What ``_fuse`` needs of a row, as bits: 1, its node has several
     outputs; 2, a pattern's (not a joined pair's) that others may join."""
-    pattern = row.family == "pattern"
     return (int(row.multi_output)
-            | 2 * (pattern and row.multi_output and type(row.pattern) is Pattern))
+            | 2 * (row.multi_output and row.node_kind == "pattern"))
 
 
 def _enqueue(operands, reached, queue):

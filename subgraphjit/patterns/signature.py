@@ -123,7 +123,7 @@ class Signer:
             walk.visit(node, boundary)
             walk.inputs.append(node)
             return boundary, False
-        if node.row is ACCESS:  # an output of a multi-output op: look through
+        if node.row.node_kind == "access":  # an output of a multi-output op: look through
             source, index = node.inputs[0], node.attrs[0]
             inner, shared = self._signature(source, depth, walk)
             return self._combine(("output", index), (inner,)), shared
@@ -157,7 +157,7 @@ class Signer:
 
     def _stops_at(self, node, depth, walk):
         """Is ``node`` an input of the subgraph rather than part of it?"""
-        if node.row is ACCESS:
+        if node.row.node_kind == "access":
             # Looking through is free; the multi-output op decides, but an
             # output of one that must stay outside is itself the input.
             if not node.inputs:
