@@ -18,8 +18,8 @@ from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, De
                                           depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.ir.record import ACCESS
 from subgraphjit.ir.spec import is_variable, spec_of_foreign
+from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 

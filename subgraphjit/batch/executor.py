@@ -14,7 +14,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from ..ir.record import PATTERN_KINDS, annotate
+from ..ir.record import annotate
+from ..ir.table import PATTERN_KINDS
 from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON

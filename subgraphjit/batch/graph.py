@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
-from ..ir.record import ACCESS, PATTERN_KINDS, OpRow
 from ..ir.spec import is_variable, spec_of_foreign
+from ..ir.table import ACCESS, PATTERN_KINDS, OpRow
 
 _PYTHON_NUMBERS = (int, float, bool)
 

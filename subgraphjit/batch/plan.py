@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from .. import _native
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
+from ..ir.table import ACCESS
 from ..ir.spec import is_variable
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as

@@ -38,8 +38,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from .. import _native, overlap
 from ..ir import spec as specs
-from ..ir.record import ACCESS, PATTERN_KINDS
 from ..ir.spec import is_variable
+from ..ir.table import ACCESS, PATTERN_KINDS
 from . import rules
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for

@@ -17,7 +17,7 @@ import contextlib
 
 import tensorflow as tf
 
-from ..ir.record import FrozenSlice
+from ..ir.table import FrozenSlice
 
 
 class NoRule(Exception):

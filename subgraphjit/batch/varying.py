@@ -48,7 +48,7 @@ joined (``merge_types``).
 import numpy as np
 import tensorflow as tf
 
-from ..ir.record import PATTERN_KINDS
+from ..ir.table import PATTERN_KINDS
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
 from .rules import gather_rows

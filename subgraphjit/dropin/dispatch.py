@@ -35,9 +35,9 @@ from tensorflow.python.util import dispatch as tf_dispatch
 
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import OpRow, build_row_functions, record, thaw, user_site
+from ..ir.record import build_row_functions, record, user_site
 from ..ir.spec import NotLazy, is_variable, spec
-from ..ir.table import OPERATOR_ROWS, TF_ROWS
+from ..ir.table import OPERATOR_ROWS, TF_ROWS, OpRow, thaw
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only

@@ -51,9 +51,10 @@ from tensorflow.python.eager import record as tape_record
 
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import OpRow, user_site
 from ..ir.record import record as _record
+from ..ir.record import user_site
 from ..ir.spec import NotLazy, is_variable, spec
+from ..ir.table import OpRow
 
 FAMILY = "layer"
 # The extra operand that keeps a layer node out of patterns (see above).

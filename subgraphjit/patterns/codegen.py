@@ -40,9 +40,9 @@ import tensorflow as tf
 from ..batch.rules import NoRule, gather_rows, rule_for
 from ..context import context
 from ..ir import spec as specs
-from ..ir.record import ACCESS, OpRow, infer_spec
+from ..ir.record import infer_spec
 from ..ir.spec import is_variable
-from ..ir.table import ALL_ROWS, GETITEM
+from ..ir.table import ACCESS, ALL_ROWS, GETITEM, OpRow
 
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 _pattern_numbers = itertools.count(1)

@@ -41,7 +41,7 @@ import time
 from .. import _native
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
+from ..ir.table import ACCESS
 from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
 from .signature import Signer, Template, has_value_operand
 

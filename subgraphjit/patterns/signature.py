@@ -43,7 +43,7 @@ import xxhash
 
 from .. import _native
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
+from ..ir.table import ACCESS
 from ..ir.spec import is_variable, spec_of_foreign
 
 LEVELS = ("shape", "structure", "signature")
