@@ -53,7 +53,7 @@ from ..context import context
 from ..ir.node import VirtualNode
 from ..ir.record import record as _record
 from ..ir.record import user_site
-from ..ir.spec import NotLazy, is_variable, spec
+from ..ir.spec import NODE, TENSOR, VARIABLE, NotLazy, classify_operand, spec
 from ..ir.table import OpRow
 
 FAMILY = "layer"
@@ -130,8 +130,9 @@ def _holds_node(args):
 
 
 def _leaf(value):
-    return (type(value) is VirtualNode or is_variable(value)
-            or isinstance(value, tf.Tensor) and hasattr(value, "_numpy"))
+    operand_class = classify_operand(value)
+    return operand_class in (NODE, VARIABLE) or (
+        operand_class == TENSOR and hasattr(value, "_numpy"))   # an eager tensor
 
 
 def _layout(args):

@@ -30,8 +30,7 @@ from .. import _native
 from ..context import context
 from ..forced import user_frame
 from . import spec as specs
-from .node import VirtualNode
-from .spec import NotLazy, is_variable, spec_of_foreign
+from .spec import TENSOR_LIKE, NotLazy, classify_operand, spec_of_foreign
 from .table import ACCESS, freeze
 
 
@@ -53,8 +52,8 @@ def _infer(row, inputs, attrs, key, site):
         return row.infer(row, inputs, attrs, key, site)
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
-        if isinstance(operand, (VirtualNode, tf.Tensor, specs.Spec))
-        or is_variable(operand) else operand
+        if isinstance(operand, specs.Spec) or classify_operand(operand) in TENSOR_LIKE
+        else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     started = time.perf_counter()

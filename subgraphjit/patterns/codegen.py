@@ -41,7 +41,7 @@ from ..batch.rules import NoRule, gather_rows, rule_for
 from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
-from ..ir.spec import is_variable
+from ..ir.spec import VARIABLE, classify_operand, is_variable
 from ..ir.table import ACCESS, ALL_ROWS, GETITEM, OpRow
 
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
@@ -426,7 +426,7 @@ def _source(pattern):
 
 
 def _describe_captured(value):
-    kind = "tf.Variable" if hasattr(value, "assign") else "tensor"
+    kind = "tf.Variable" if classify_operand(value) == VARIABLE else "tensor"
     name = getattr(value, "name", None) if kind == "tf.Variable" else None
     return f"{kind} {name or ''} {tuple(value.shape)} {value.dtype.name}".replace("  ", " ")
 
