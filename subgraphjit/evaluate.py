@@ -31,6 +31,8 @@ unevaluated_ancestors = _native.unevaluated_ancestors
 
 
 def run_node(node):
+    """Run one node on its own, setting its ``result`` in place (and
+    dropping its inputs)."""
     values = [operand.value() if type(operand) is VirtualNode else operand
               for operand in node.inputs]
     try:
@@ -74,7 +76,8 @@ def evaluate(targets, required=None, forced_by=None):
     gc.disable()
     try:
         # (With patterns, the search walks the graph from the targets; the
-        # unevaluated ancestors are found only when it needs them.)
+        # unevaluated ancestors are found only when it needs them.  It
+        # rewrites matched nodes in place into pattern nodes.)
         if context.parameters["granularity"] != "op":
             nodes = search.optimize(targets, targets if required is None else required)
         else:

@@ -226,7 +226,9 @@ class Executor:
 
     # -- results -------------------------------------------------------------
     def write_back(self):
-        """Give every node its value (a row of a batch, or its own result)."""
+        """Give every node its value, in place: a row of a batch (``batch``,
+        ``batch_row``) or its own ``result``; its inputs and site are
+        dropped (its value is all anyone needs now)."""
         graph = self.graph
         for index, node in enumerate(graph.nodes):
             if node.row.node_kind == "access":

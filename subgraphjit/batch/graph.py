@@ -107,7 +107,8 @@ class BatchGraph:
 
 
 def _take_output(access_node, source):
-    """Evaluate an access node whose multi-output op is evaluated already."""
+    """Evaluate, in place, an access node whose multi-output op is
+    evaluated already (describe_graph calls it as it meets one)."""
     index = access_node.attrs[0]
     if source.result is None and source.batch is not None:
         access_node.batch = source.batch[index]
