@@ -183,9 +183,11 @@ def _save_fsm_policy(policy):
         policy.save(context.parameters["fsm_table"])
 
 
-# Reading a node's value before its evaluation evaluates it here (node.py
-# cannot import this module, which imports it).
+# Reading a node's value before its evaluation, and a tf.batching.map
+# round, evaluate here (node.py and concurrent.py cannot import this
+# module, which imports them).
 use_evaluator(evaluate)
+concurrent.use_evaluator(evaluate)
 
 
 def build(structure):

@@ -12,11 +12,11 @@ import pytest
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.patterns import signature as signatures
-from subgraphjit.patterns.codegen import ROWS_BY_NAME, FusedPattern, Pattern
+from subgraphjit.patterns.codegen import FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.spec import spec
-from subgraphjit.ir.table import ACCESS
+from subgraphjit.ir.table import ACCESS, ROWS_BY_NAME
 from subgraphjit.patterns.search import SEARCH
 from subgraphjit.patterns.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS

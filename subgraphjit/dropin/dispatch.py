@@ -37,7 +37,7 @@ from ..context import context
 from ..ir.node import VirtualNode
 from ..ir.record import build_row_functions, record, user_site
 from ..ir.spec import NUMBER, TENSOR_LIKE, NotLazy, classify_operand, spec
-from ..ir.table import OPERATOR_ROWS, TF_ROWS, OpRow, thaw
+from ..ir.table import OPERATOR_ROWS, ROWS_BY_NAME, TF_ROWS, OpRow, thaw
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only
@@ -334,7 +334,6 @@ class GenericApi:
         row.call = self._call_for(row)
         # Patterns name their ops' rows by name (patterns/codegen.py); a generic row
         # renders as tf.<path>(operands, attributes), as a table row does.
-        from ..patterns.codegen import ROWS_BY_NAME
         ROWS_BY_NAME.setdefault(row.name, row)
         return row
 

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as tape_record
 
+from ..batch.rules import NoRule, register_family_rule
 from ..context import context
 from ..ir.node import VirtualNode
 from ..ir.record import record as _record
@@ -248,7 +249,6 @@ def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
     rows concatenated along axis 0 (a shared operand repeated once per
     instance), the outputs split back.  Every operand and output must share
     the instance's first axis."""
-    from ..batch.rules import NoRule
     layer_values, layer_shared, layer_ranks = values[:-1], shared[:-1], ranks[:-1]
     if min(layer_ranks) < row.min_rank:
         raise NoRule(f"an operand of rank below {row.min_rank}")
@@ -272,3 +272,6 @@ def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
         raise NoRule("an output of another first axis")
     result = [tf.reshape(output, [count, rows, *output.shape[1:]]) for output in flat]
     return result if row.multi_output else result[0]
+
+
+register_family_rule(FAMILY, row_wise_rule)

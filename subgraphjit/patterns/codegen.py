@@ -42,9 +42,8 @@ from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
 from ..ir.spec import VARIABLE, classify_operand, is_variable
-from ..ir.table import ACCESS, ALL_ROWS, GETITEM, OpRow
+from ..ir.table import ACCESS, GETITEM, ROWS_BY_NAME, OpRow
 
-ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 _pattern_numbers = itertools.count(1)
 
 

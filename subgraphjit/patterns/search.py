@@ -41,8 +41,8 @@ import time
 from .. import _native
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.table import ACCESS
-from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
+from ..ir.table import ACCESS, ROWS_BY_NAME
+from .codegen import FusedPattern, Pattern
 from .signature import Signer, Template, has_value_operand
 
 # Collection also ends once it has seen this many nodes, however few
