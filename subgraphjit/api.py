@@ -10,7 +10,7 @@ from .context import context
 from .evaluate import build, evaluate
 from .ir.node import VirtualNode
 from .ir.record import record, user_site
-from .patterns.codegen import ROWS_BY_NAME
+from .ir.table import ROWS_BY_NAME
 from .patterns.search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",

@@ -61,6 +61,18 @@ ROUND = "a tf.batching.map round"
 # that asks only while one is (the check on every evaluation is this int).
 running = 0
 
+# What a round calls: ``evaluate(targets, required, forced_by=)`` of
+# evaluate.py, which imports this module (every evaluation asks ``suspend``
+# first) and so installs itself here (``use_evaluator``).
+_evaluator = None
+
+
+def use_evaluator(evaluate):
+    """Make ``evaluate`` what a round's evaluation calls (evaluate.py
+    installs its own when imported)."""
+    global _evaluator
+    _evaluator = evaluate
+
 
 class _Instance(greenlet.greenlet):
     """One ``fn(item)`` of a map: a greenlet whose parent is the coordinator."""
@@ -160,19 +172,18 @@ class _Coordinator:
         wait for the next round."""
         if not waiting:
             return []
-        from .evaluate import evaluate
         targets, required = [], []
         for instance in waiting:
             wanted, needed = instance.request
             targets.extend(wanted)
             required.extend(wanted if needed is None else needed)
         try:
-            evaluate(targets, required, forced_by=ROUND)
+            _evaluator(targets, required, forced_by=ROUND)
         except Exception:   # noqa: BLE001 (raised again in its instance)
             served = []
             for instance in waiting:
                 try:
-                    evaluate(*instance.request, forced_by=ROUND)
+                    _evaluator(*instance.request, forced_by=ROUND)
                 except Exception as error:   # noqa: BLE001
                     instance.error = error
                     served.append(instance)

@@ -31,6 +31,8 @@ unevaluated_ancestors = _native.unevaluated_ancestors
 
 
 def run_node(node):
+    """Run one node on its own, setting its ``result`` in place (and
+    dropping its inputs)."""
     values = [operand.value() if type(operand) is VirtualNode else operand
               for operand in node.inputs]
     try:
@@ -74,7 +76,8 @@ def evaluate(targets, required=None, forced_by=None):
     gc.disable()
     try:
         # (With patterns, the search walks the graph from the targets; the
-        # unevaluated ancestors are found only when it needs them.)
+        # unevaluated ancestors are found only when it needs them.  It
+        # rewrites matched nodes in place into pattern nodes.)
         if context.parameters["granularity"] != "op":
             nodes = search.optimize(targets, targets if required is None else required)
         else:
@@ -180,9 +183,11 @@ def _save_fsm_policy(policy):
         policy.save(context.parameters["fsm_table"])
 
 
-# Reading a node's value before its evaluation evaluates it here (node.py
-# cannot import this module, which imports it).
+# Reading a node's value before its evaluation, and a tf.batching.map
+# round, evaluate here (node.py and concurrent.py cannot import this
+# module, which imports them).
 use_evaluator(evaluate)
+concurrent.use_evaluator(evaluate)
 
 
 def build(structure):

@@ -15,9 +15,8 @@ import tensorflow
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.context import context
-from subgraphjit.ir.record import ACCESS, FrozenSlice
 from subgraphjit.ir.spec import NotLazy, spec, spec_of_foreign
-from subgraphjit.ir.table import ALL_ROWS
+from subgraphjit.ir.table import ACCESS, ALL_ROWS, FrozenSlice
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 

@@ -18,8 +18,8 @@ from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, De
                                           depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.ir.record import ACCESS
 from subgraphjit.ir.spec import is_variable, spec_of_foreign
+from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 
@@ -446,7 +446,7 @@ class ReferenceGraph:
                 parts.append(operand.spec if pick is None else operand.spec[pick])
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
-            elif graph_module._is_number(operand) \
+            elif reference_is_number(operand) \
                     and position not in node.row.index_positions:
                 operands.append(operand)
                 parts.append((type(operand), operand))
@@ -471,8 +471,14 @@ def reference_gathers_variable_rows(node):
     return row.gathers_from is not None and is_variable(node.inputs[row.gathers_from])
 
 
+def reference_is_number(operand):
+    """A Python number or NumPy scalar: shared by value (as batch/graph.py
+    decided before issue 17 gave ir/spec.py classify_operand)."""
+    return type(operand) in (int, float, bool) or isinstance(operand, np.generic)
+
+
 def reference_is_shared(operand, is_index):
-    if graph_module._is_number(operand):
+    if reference_is_number(operand):
         return not is_index
     return isinstance(operand, tensorflow.Tensor) or is_variable(operand)
 

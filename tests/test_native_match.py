@@ -12,11 +12,11 @@ import pytest
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.patterns import signature as signatures
-from subgraphjit.patterns.codegen import ROWS_BY_NAME, FusedPattern, Pattern
+from subgraphjit.patterns.codegen import FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
-from subgraphjit.ir.record import ACCESS
 from subgraphjit.ir.spec import spec
+from subgraphjit.ir.table import ACCESS, ROWS_BY_NAME
 from subgraphjit.patterns.search import SEARCH
 from subgraphjit.patterns.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS
@@ -125,7 +125,7 @@ def reference_matcher(signer, template, depth):
 
 
 def reference_replace(roots, templates, signer, depth, swallowed):
-    """search.PatternSearch._replace's loop before issue 17: (reached nodes
+    """search.PatternSearch._replace_in_place's loop before issue 17: (reached nodes
     in id order, replaced nodes in id order)."""
     candidates_by_root = {
         root: [(reference_matcher(signer, template, depth), pattern)
@@ -204,7 +204,7 @@ def described(nodes):
 
 
 def reference_fuse(search, pattern_nodes):
-    """PatternSearch._fuse as Python before issue 17 moved its loop to C."""
+    """PatternSearch._fuse_in_place as Python before issue 17 moved its loop to C."""
     for node in pattern_nodes:
         if node.row.multi_output:
             continue
@@ -375,7 +375,7 @@ def test_replacement_equals_the_python_search(model_name, depth, parameters):
 
     # The native search first, so that its joins make the joined patterns
     # (the reference's then find them: the same keys).
-    reached_b = SEARCH._replace(roots_b, Signer(level, True, required), depth)
+    reached_b = SEARCH._replace_in_place(roots_b, Signer(level, True, required), depth)
     swallowed_b = {node.id for node in nodes_b if node.swallowed}
     joined = dict(SEARCH.fused)
 

@@ -14,7 +14,7 @@ from subgraphjit.batch.graph import BatchGraph, NodeOperand
 from subgraphjit.batch.schedulers import SCHEDULERS
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.node import VirtualNode
-from subgraphjit.ir.record import ACCESS
+from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 

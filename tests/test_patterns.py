@@ -10,7 +10,7 @@ import tensorflow
 
 import subgraphjit as tf
 from subgraphjit.patterns import search, signature as signatures
-from subgraphjit.patterns.codegen import ROWS_BY_NAME
+from subgraphjit.ir.table import ROWS_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
 from gradients import assert_loss_and_gradients_equal

@@ -3,7 +3,7 @@
 import pathlib
 import re
 
-from subgraphjit.ir.table import markdown_table
+from subgraphjit.tools.op_table import markdown_table
 
 
 def test_readme_op_table_is_current():
@@ -12,5 +12,5 @@ def test_readme_op_table_is_current():
                       readme, re.S).group(1)
     assert shown == markdown_table(), (
         "README op table is stale; regenerate it with "
-        "python -c 'from subgraphjit.ir.table import markdown_table; "
+        "python -c 'from subgraphjit.tools.op_table import markdown_table; "
         "print(markdown_table())'")

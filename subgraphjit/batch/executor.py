@@ -14,7 +14,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from ..ir.record import ACCESS, annotate
+from ..ir.record import annotate
+from ..ir.table import PATTERN_KINDS
 from . import varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
@@ -161,7 +162,7 @@ class Executor:
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
         # gathers it itself (patterns/codegen.py); other ops take the stacked operand.
-        take = _row_numbers if first.row.family == "pattern" else _stacked
+        take = _row_numbers if first.row.node_kind in PATTERN_KINDS else _stacked
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]
             if is_shared:
@@ -225,10 +226,12 @@ class Executor:
 
     # -- results -------------------------------------------------------------
     def write_back(self):
-        """Give every node its value (a row of a batch, or its own result)."""
+        """Give every node its value, in place: a row of a batch (``batch``,
+        ``batch_row``) or its own ``result``; its inputs and site are
+        dropped (its value is all anyone needs now)."""
         graph = self.graph
         for index, node in enumerate(graph.nodes):
-            if node.row is ACCESS:
+            if node.row.node_kind == "access":
                 if node.result is None and node.batch is None:
                     source_index = graph.duplicate_of[graph.operands[index][0].index]
                     pick = node.attrs[0]

@@ -22,13 +22,11 @@ their outputs are not scheduled, their consumers read the picked output.
 import typing
 
 import numpy as np
-import tensorflow as tf
 
 from .. import _native
-from ..ir.record import ACCESS, OpRow
-from ..ir.spec import is_variable, spec_of_foreign
-
-_PYTHON_NUMBERS = (int, float, bool)
+from ..ir.spec import (NUMBER, NUMPY_SCALAR, TENSOR, VARIABLE, classify_operand,
+                       spec_of_foreign)
+from ..ir.table import ACCESS, PATTERN_KINDS, OpRow
 
 
 class BatchingSignature(typing.NamedTuple):
@@ -109,7 +107,8 @@ class BatchGraph:
 
 
 def _take_output(access_node, source):
-    """Evaluate an access node whose multi-output op is evaluated already."""
+    """Evaluate, in place, an access node whose multi-output op is
+    evaluated already (describe_graph calls it as it meets one)."""
     index = access_node.attrs[0]
     if source.result is None and source.batch is not None:
         access_node.batch = source.batch[index]
@@ -127,12 +126,14 @@ def _stable_name(node, operands):
             spec = operand.node.spec
             spec = spec if operand.pick is None else spec[operand.pick]
             parts.append(f"{spec.dtype.name}{list(spec.shape)}")
-        elif is_variable(operand):
+            continue
+        operand_class = classify_operand(operand)
+        if operand_class == VARIABLE:
             parts.append(f"{getattr(operand, '_unique_id', operand.name)}"
                          f"{list(operand.shape)}")
-        elif isinstance(operand, tf.Tensor):
+        elif operand_class == TENSOR:
             parts.append(f"tensor{list(operand.shape)}")
-        elif type(operand) in _PYTHON_NUMBERS:
+        elif operand_class == NUMBER:
             parts.append(repr(operand))
         else:
             parts.append(type(operand).__name__)
@@ -144,31 +145,26 @@ def _row_info(row):
     True/False for a pattern, else the operand position whose being a
     variable makes the node a lookup of its rows (module docstring), or
     None."""
-    if row.family == "pattern":
+    if row.node_kind in PATTERN_KINDS:
         return row.index_positions, bool(row.pattern.gathers_variable_rows)
     return row.index_positions, row.gathers_from
 
 
-# Kinds of a foreign operand (by its type), as describe_graph reads them.
+# Kinds of a foreign operand (by its type), as describe_graph reads them: a
+# NumPy scalar is shared by value, as a Python number is.
 _NUMBER, _TENSOR, _VARIABLE, _OTHER = range(4)
+_KIND_OF_CLASS = {NUMBER: _NUMBER, NUMPY_SCALAR: _NUMBER, TENSOR: _TENSOR,
+                  VARIABLE: _VARIABLE}
 
 
 def _kind_of(operand):
-    if _is_number(operand):
-        return _NUMBER
-    if is_variable(operand):
-        return _VARIABLE
-    return _TENSOR if isinstance(operand, tf.Tensor) else _OTHER
+    return _KIND_OF_CLASS.get(classify_operand(operand), _OTHER)
 
 
 def _value_key(value):
     """A hashable key for a Python list or NumPy array operand's value."""
     array = np.asarray(value)
     return (array.dtype.str, array.shape, array.tobytes())
-
-
-def _is_number(operand):
-    return type(operand) in _PYTHON_NUMBERS or isinstance(operand, np.generic)
 
 
 # An operand that is a recorded node: in this graph (``index`` >= 0) or

@@ -27,8 +27,8 @@ import tensorflow as tf
 
 from .. import _native
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
-from ..ir.spec import is_variable
+from ..ir.spec import TENSOR, VARIABLE, classify_operand
+from ..ir.table import ACCESS
 
 # The NumPy type Python lists and numbers of each kind are stacked as (as
 # TensorFlow converts them where the op does not say otherwise).
@@ -54,9 +54,11 @@ class Kind:
         for kind, value in self.operands:
             if kind == ROWS:
                 operands.append((ROWS, buffers[value]))
-            elif is_variable(value):
+                continue
+            operand_class = classify_operand(value)
+            if operand_class == VARIABLE:
                 operands.append((SHARED, "variable", id(value)))  # kept alive by the cache
-            elif isinstance(value, tf.Tensor):
+            elif operand_class == TENSOR:
                 operands.append((SHARED, "tensor", value.dtype, tuple(value.shape)))
             else:
                 operands.append((SHARED, type(value), value))

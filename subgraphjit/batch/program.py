@@ -38,8 +38,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from .. import _native, overlap
 from ..ir import spec as specs
-from ..ir.record import ACCESS
 from ..ir.spec import is_variable
+from ..ir.table import ACCESS, PATTERN_KINDS
 from . import rules
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
@@ -192,7 +192,7 @@ class _Shared:
             for position, (operand_kind, value) in enumerate(kind.operands):
                 if operand_kind == SHARED and _is_tensor(value):
                     places[position] = self._add(value)
-            if kind.row.family == "pattern":
+            if kind.row.node_kind in PATTERN_KINDS:
                 places["captured"] = [self._add(value)
                                       for value in kind.row.pattern.captured_values]
             self.places.append(places)
@@ -472,7 +472,7 @@ class _Compiled:
             one = row.call(values, kind.attrs)
             outputs = list(one) if row.multi_output else [one]
             return [tf.repeat(tf.expand_dims(output, 0), count, 0) for output in outputs]
-        if row.family == "pattern":
+        if row.node_kind in PATTERN_KINDS:
             captured = [shared[n] for n in self.shared.places[kind_number]["captured"]]
             body = row.pattern.stacked_body(
                 [specs.spec(*self.buffers[buffer])
@@ -734,7 +734,7 @@ def _gradient(value, gradient):
 def _looked_up(kind, places):
     """Shared-argument numbers whose rows the kind gathers."""
     row = kind.row
-    if row.family == "pattern":
+    if row.node_kind in PATTERN_KINDS:
         return [number for number, looked_up in
                 zip(places["captured"], row.pattern.captured_looked_up) if looked_up]
     if row.gathers_from is not None and row.gathers_from in places:
@@ -797,7 +797,7 @@ def run(program, compiled, graph, statistics):
     kinds, counts = program.steps[:, 0], program.steps[:, 1]
     statistics["batch_sizes"].update(counts.tolist())
     for kind_number, kind in enumerate(program.kinds):
-        if kind.row.family != "pattern" and rule_for(kind.row) is None and not all(
+        if kind.row.node_kind not in PATTERN_KINDS and rule_for(kind.row) is None and not all(
                 operand_kind == SHARED for operand_kind, _ in kind.operands):
             unbatched = int(counts[(kinds == kind_number) & (counts > 1)].sum())
             if unbatched:

@@ -17,7 +17,7 @@ import contextlib
 
 import tensorflow as tf
 
-from ..ir.record import FrozenSlice
+from ..ir.table import FrozenSlice
 
 
 class NoRule(Exception):
@@ -375,7 +375,11 @@ def rule_for(row):
         return _ROW_RULES[row.name]
     if row.family == "reduction":
         return _bound(_reduction)
-    if row.family == "layer":   # a Keras layer's call (dropin/layers.py)
-        from ..dropin.layers import row_wise_rule
-        return row_wise_rule
     return _FAMILY_RULES.get(row.family)
+
+
+def register_family_rule(family, rule):
+    """Make ``rule`` the batch rule of every row of ``family``: a family of
+    rows made outside the op table registers its own when its module loads
+    (dropin/layers.py: a Keras layer's call), so this module imports none."""
+    _FAMILY_RULES[family] = rule

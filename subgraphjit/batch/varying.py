@@ -48,6 +48,7 @@ joined (``merge_types``).
 import numpy as np
 import tensorflow as tf
 
+from ..ir.table import PATTERN_KINDS
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
 from .rules import gather_rows
@@ -72,7 +73,7 @@ def merge_types(graph):
     Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
     graph.varying = {}
     signatures = graph.signatures
-    if any(signature.row.family == "pattern" for signature in signatures):
+    if any(signature.row.node_kind in PATTERN_KINDS for signature in signatures):
         # Patterns (granularity "subgraph") run per input shape; joining
         # the ops around them made the minibatch slower, not faster
         # (self_attention_varlen: 0.85x eager against 1.42x unjoined).

@@ -35,9 +35,9 @@ from tensorflow.python.util import dispatch as tf_dispatch
 
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import OpRow, build_row_functions, record, thaw, user_site
-from ..ir.spec import NotLazy, is_variable, spec
-from ..ir.table import OPERATOR_ROWS, TF_ROWS
+from ..ir.record import build_row_functions, record, user_site
+from ..ir.spec import NUMBER, TENSOR_LIKE, NotLazy, classify_operand, spec
+from ..ir.table import OPERATOR_ROWS, ROWS_BY_NAME, TF_ROWS, OpRow, thaw
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only
@@ -313,12 +313,11 @@ class GenericApi:
             return None
         first = values[0]
         if isinstance(first, (list, tuple)) and last == 0:
-            if not all(_tensor_like(item) or type(item) in (int, float, bool)
-                       for item in first):
+            if not all(classify_operand(item) in _OPERANDS for item in first):
                 return None
             return 1, True
         for value in values[:last + 1]:
-            if not (_tensor_like(value) or type(value) in (int, float, bool)):
+            if classify_operand(value) not in _OPERANDS:
                 return None   # lists, arrays, None, strings among operands
         for value in values[last + 1:]:
             if callable(value) and not isinstance(value, tf.DType):
@@ -335,7 +334,6 @@ class GenericApi:
         row.call = self._call_for(row)
         # Patterns name their ops' rows by name (patterns/codegen.py); a generic row
         # renders as tf.<path>(operands, attributes), as a table row does.
-        from ..patterns.codegen import ROWS_BY_NAME
         ROWS_BY_NAME.setdefault(row.name, row)
         return row
 
@@ -361,7 +359,7 @@ class GenericApi:
         try:
             output_spec, output_type = _traced_spec(row, inputs, attrs, key,
                                                     numbers_by_value=True)
-            if any(type(operand) in (int, float, bool) for operand in inputs):
+            if any(classify_operand(operand) == NUMBER for operand in inputs):
                 if _traced_spec(row, inputs, attrs, key,
                                 numbers_by_value=False)[0] is not output_spec:
                     raise NotLazy
@@ -389,8 +387,11 @@ _SINGLE = object()   # output_type of an API returning one tensor
 
 
 def _tensor_like(value):
-    return (type(value) is VirtualNode or isinstance(value, tf.Tensor)
-            or is_variable(value))
+    return classify_operand(value) in TENSOR_LIKE
+
+
+# What a generic row takes as an operand: tensors (or nodes), and Python numbers.
+_OPERANDS = TENSOR_LIKE | {NUMBER}
 
 
 def _placeholder_dtype(number, specs):
@@ -412,7 +413,7 @@ def _traced_spec(row, inputs, attrs, key, numbers_by_value):
     operand_specs = key[2:]
     tensor_specs, positions, constants = [], [], {}
     for position, (operand, operand_spec) in enumerate(zip(inputs, operand_specs)):
-        if type(operand) in (int, float, bool):
+        if classify_operand(operand) == NUMBER:
             if numbers_by_value:
                 constants[position] = operand
                 continue

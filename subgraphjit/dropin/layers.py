@@ -49,11 +49,13 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as tape_record
 
+from ..batch.rules import NoRule, register_family_rule
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import OpRow, user_site
 from ..ir.record import record as _record
-from ..ir.spec import NotLazy, is_variable, spec
+from ..ir.record import user_site
+from ..ir.spec import NODE, TENSOR, VARIABLE, NotLazy, classify_operand, spec
+from ..ir.table import OpRow
 
 FAMILY = "layer"
 # The extra operand that keeps a layer node out of patterns (see above).
@@ -129,8 +131,9 @@ def _holds_node(args):
 
 
 def _leaf(value):
-    return (type(value) is VirtualNode or is_variable(value)
-            or isinstance(value, tf.Tensor) and hasattr(value, "_numpy"))
+    operand_class = classify_operand(value)
+    return operand_class in (NODE, VARIABLE) or (
+        operand_class == TENSOR and hasattr(value, "_numpy"))   # an eager tensor
 
 
 def _layout(args):
@@ -246,7 +249,6 @@ def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
     rows concatenated along axis 0 (a shared operand repeated once per
     instance), the outputs split back.  Every operand and output must share
     the instance's first axis."""
-    from ..batch.rules import NoRule
     layer_values, layer_shared, layer_ranks = values[:-1], shared[:-1], ranks[:-1]
     if min(layer_ranks) < row.min_rank:
         raise NoRule(f"an operand of rank below {row.min_rank}")
@@ -270,3 +272,6 @@ def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
         raise NoRule("an output of another first axis")
     result = [tf.reshape(output, [count, rows, *output.shape[1:]]) for output in flat]
     return result if row.multi_output else result[0]
+
+
+register_family_rule(FAMILY, row_wise_rule)

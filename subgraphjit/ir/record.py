@@ -1,4 +1,4 @@
-"""Recording: op-table rows, the record hot path, and generated wrappers.
+"""Recording: the record hot path, and generated wrappers.
 
 Every patched function is generated from its op-table row with the exact
 signature of the TensorFlow function it replaces (read with ``inspect``), so
@@ -30,44 +30,8 @@ from .. import _native
 from ..context import context
 from ..forced import user_frame
 from . import spec as specs
-from .node import VirtualNode
-from .spec import NotLazy, is_variable, spec_of_foreign
-
-
-class OpRow:
-    """One row of the op table.
-
-    The first ``tensors`` parameters of ``fn`` take tensors (with
-    ``list_input``, the first parameter takes a list of tensors); every other
-    parameter except ``name`` is an attribute.  ``index_positions`` are tensor
-    operands holding indices (stand-ins there are zeros).  ``family`` says how
-    the op batches; ``multi_output`` ops return a list of nodes.
-    ``gathers_from`` is the operand whose rows the op gathers (None for
-    other ops): a variable there gets its gradient from eager TensorFlow as
-    an IndexedSlices with one entry per gathered row.
-    """
-
-    def __init__(self, name, fn, family, tensors=1, list_input=False,
-                 index_positions=(), multi_output=False, thaw=None,
-                 gathers_from=None):
-        self.name = name
-        self.fn = fn
-        self.family = family
-        self.tensors = tensors
-        self.list_input = list_input
-        self.index_positions = frozenset(index_positions)
-        self.multi_output = multi_output
-        self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
-        self.gathers_from = gathers_from
-        self.cache = {}             # (attrs, *operand specs) -> output spec
-        self.infer = None           # a row's own inference (dispatch.py's generic rows)
-        self.dispatch_target = None  # what TensorFlow's own function calls on a node
-        self.call = None            # (operand values, attrs) -> result
-        self.tensor_params = ()
-        self.attr_params = ()
-
-    def __repr__(self):
-        return f"OpRow({self.name})"
+from .spec import TENSOR_LIKE, NotLazy, classify_operand, spec_of_foreign
+from .table import ACCESS, freeze
 
 
 # The hot path, in C (``native/_native.c``): ``record(row, inputs, attrs)``
@@ -88,8 +52,8 @@ def _infer(row, inputs, attrs, key, site):
         return row.infer(row, inputs, attrs, key, site)
     stand_ins = [
         specs.stand_in(key[position + 2], position in row.index_positions)
-        if isinstance(operand, (VirtualNode, tf.Tensor, specs.Spec))
-        or is_variable(operand) else operand
+        if isinstance(operand, specs.Spec) or classify_operand(operand) in TENSOR_LIKE
+        else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     started = time.perf_counter()
@@ -132,37 +96,6 @@ def user_site():
     hold, so such calls do not record."""
     frame = user_frame(sys._getframe(1))
     return None if frame is None else (frame.f_code, frame.f_lineno)
-
-
-class FrozenSlice(tuple):
-    """A hashable stand-in for a ``slice`` in an attribute."""
-
-
-def freeze(value):
-    """Make an attribute hashable: lists become tuples, tensors tuples of
-    numbers, slices FrozenSlice; ``thaw`` undoes the slices."""
-    if isinstance(value, (list, tuple)):
-        return tuple(freeze(item) for item in value)
-    if isinstance(value, slice):
-        return FrozenSlice(freeze((value.start, value.stop, value.step)))
-    if hasattr(value, "numpy"):
-        # A tensor (or node) used as an attribute, such as a shape or an axis:
-        # its value is what counts.
-        array = value.numpy()
-        return array.item() if array.ndim == 0 else freeze(array.tolist())
-    try:
-        hash(value)
-    except TypeError:
-        raise NotLazy from None
-    return value
-
-
-def thaw(value):
-    if isinstance(value, FrozenSlice):
-        return slice(*value)
-    if isinstance(value, tuple):
-        return tuple(thaw(item) for item in value)
-    return value
 
 
 # -- code generation of wrappers and callers ---------------------------------
@@ -240,13 +173,6 @@ def build_row_functions(row, public_name):
     wrapper.__module__ = "subgraphjit"
     return wrapper
 
-
-def _access_call(values, attrs):
-    return values[0][attrs[0]]
-
-
-ACCESS = OpRow("access", None, "access")
-ACCESS.call = _access_call
 
 _native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,
               freeze=freeze, access_row=ACCESS, scalar_specs=specs.SCALAR_SPECS,

@@ -10,12 +10,17 @@ right specs (ones, or zeros for index operands) and on the Python and NumPy
 operands themselves, and caches the result per key.
 So the specs and the error messages are TensorFlow's own, for every op, with
 no hand-written shape functions to drift from TensorFlow's behaviour.
+
+What an operand is -- a node, a variable, a tensor, a number or another
+value -- is decided here too, by ``classify_operand``.
 """
 
 import sys
 
 import numpy as np
 import tensorflow as tf
+
+from .node import VirtualNode
 
 
 class Spec:
@@ -45,9 +50,44 @@ def spec(dtype, shape, python_type=None):
     return found
 
 
-SCALAR_SPECS = {kind: spec(None, (), kind) for kind in (int, float, bool)}
+_PYTHON_NUMBERS = (int, float, bool)
+SCALAR_SPECS = {kind: spec(None, (), kind) for kind in _PYTHON_NUMBERS}
 # Types of the variables seen, each instance of which is a variable.
 VARIABLE_TYPES = set()
+
+
+# -- what an operand is --------------------------------------------------------
+# A recorded op's operand is one of these, and ``classify_operand`` is the
+# one place Python tells them apart (the C code keeps fast paths of its
+# own: record's checks of scalars and variables, describe_graph's and
+# match's caches by type).
+NODE = "node"                  # a VirtualNode: a value to come
+VARIABLE = "variable"          # a tf.Variable or Keras variable: shared by identity
+TENSOR = "tensor"              # a tf.Tensor: shared by identity
+NUMBER = "number"              # a Python int, float or bool: shared by value
+NUMPY_SCALAR = "numpy scalar"  # np.float32(2)...: the batching layer shares it by
+                               # value, as a number; a pattern cannot take it as
+                               # a literal (the op that meets it decides its dtype)
+VALUE = "value"                # anything else: a NumPy array, a list, ...
+# Tensors, now or to come (a node): what inference runs on stand-ins for.
+TENSOR_LIKE = frozenset({NODE, VARIABLE, TENSOR})
+
+
+def classify_operand(operand):
+    """Which of the names above ``operand`` is.  A number is of exactly
+    int, float or bool (a subclass, such as an IntEnum, is a value)."""
+    operand_type = type(operand)
+    if operand_type is VirtualNode:   # (no subclasses: a C type)
+        return NODE
+    if operand_type in _PYTHON_NUMBERS:
+        return NUMBER
+    if is_variable(operand):
+        return VARIABLE
+    if isinstance(operand, tf.Tensor):
+        return TENSOR
+    if isinstance(operand, np.generic):
+        return NUMPY_SCALAR
+    return VALUE
 
 
 def spec_of_foreign(value):
@@ -57,10 +97,10 @@ def spec_of_foreign(value):
     their kind and shape only, since TensorFlow converts them to the dtype the
     op asks for (``x + 2`` on a float tensor adds 2.0).
     """
-    scalar_spec = SCALAR_SPECS.get(type(value))
-    if scalar_spec is not None:
-        return scalar_spec
-    if is_variable(value):
+    operand_class = classify_operand(value)
+    if operand_class == NUMBER:
+        return SCALAR_SPECS[type(value)]
+    if operand_class == VARIABLE:
         # Weights meet almost every recorded op: keep their spec on them.
         # A variable's dtype and shape never change (one made with an
         # unknown shape is not recorded lazily).  The recorder reads the
@@ -70,12 +110,14 @@ def spec_of_foreign(value):
             known = value._subgraphjit_spec = _spec_of_tensor(value)
             VARIABLE_TYPES.add(type(value))
         return known
-    if isinstance(value, tf.Tensor):
+    if operand_class == TENSOR:
         if not hasattr(value, "_numpy"):
             # A symbolic tensor: we are inside a tf.function trace, where
             # TensorFlow builds a graph anyway; record nothing.
             raise NotLazy
         return _spec_of_tensor(value)
+    # A NumPy scalar or array, a list, or an operand not recorded (a node
+    # here, a string, ...).
     if isinstance(value, np.ndarray) or np.isscalar(value):
         array = np.asarray(value)
         return spec(tf.as_dtype(array.dtype), array.shape)

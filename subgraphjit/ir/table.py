@@ -10,6 +10,11 @@ record a generic row that runs per instance (``dispatch.py``), or else
 evaluate the node first, so adding a row is a speed change, never a
 correctness change.
 
+``OpRow`` is the row type, of this table's rows and of every other row a
+node can have (generic and Keras layer rows, patterns, the access row); a
+row's ``node_kind`` says which kind of node it makes.  Attributes are held
+hashable (``freeze``), as the record cache keys them.
+
 Families, for the batching layer:
 
 =============  ==============================================================
@@ -31,8 +36,106 @@ import operator
 
 import tensorflow as tf
 
-from .record import OpRow, thaw
+from .spec import NotLazy
 
+
+# What a node is, named by its row's ``node_kind``: the one place Python
+# tells nodes apart (the C code compares with the access row it is given).
+# A row's ``family`` says how an op batches; its node kind, what it does:
+#   "op"       a TensorFlow op: a row of the table, a generic row
+#              (dropin/dispatch.py) or a Keras layer's call (dropin/layers.py)
+#   "access"   one output of a multi-output node (the one ACCESS row)
+#   "pattern"  a compiled frequent subgraph (patterns/codegen.py's Pattern)
+#   "fused"    two patterns joined into one call (codegen's FusedPattern)
+NODE_KINDS = ("op", "access", "pattern", "fused")
+# The node kinds that run a pattern's compiled code (``row.pattern``).
+PATTERN_KINDS = frozenset({"pattern", "fused"})
+
+
+class OpRow:
+    """One row of the op table.
+
+    The first ``tensors`` parameters of ``fn`` take tensors (with
+    ``list_input``, the first parameter takes a list of tensors); every other
+    parameter except ``name`` is an attribute.  ``index_positions`` are tensor
+    operands holding indices (stand-ins there are zeros).  ``family`` says how
+    the op batches; ``multi_output`` ops return a list of nodes.
+    ``gathers_from`` is the operand whose rows the op gathers (None for
+    other ops): a variable there gets its gradient from eager TensorFlow as
+    an IndexedSlices with one entry per gathered row.  ``node_kind`` is one
+    of ``NODE_KINDS``; a row of a pattern kind has its ``pattern``.
+    """
+
+    def __init__(self, name, fn, family, tensors=1, list_input=False,
+                 index_positions=(), multi_output=False, thaw=None,
+                 gathers_from=None, node_kind="op"):
+        if node_kind not in NODE_KINDS:
+            raise ValueError(f"unknown node kind {node_kind!r}")
+        self.node_kind = node_kind
+        self.pattern = None         # what a row of a pattern kind runs
+        self.name = name
+        self.fn = fn
+        self.family = family
+        self.tensors = tensors
+        self.list_input = list_input
+        self.index_positions = frozenset(index_positions)
+        self.multi_output = multi_output
+        self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
+        self.gathers_from = gathers_from
+        self.cache = {}             # (attrs, *operand specs) -> output spec
+        self.infer = None           # a row's own inference (dispatch.py's generic rows)
+        self.dispatch_target = None  # what TensorFlow's own function calls on a node
+        self.call = None            # (operand values, attrs) -> result
+        self.tensor_params = ()
+        self.attr_params = ()
+
+    def __repr__(self):
+        return f"OpRow({self.name})"
+
+
+def _access_call(values, attrs):
+    return values[0][attrs[0]]
+
+
+# The row of every access node: output ``attrs[0]`` of its multi-output input.
+ACCESS = OpRow("access", None, "access", node_kind="access")
+ACCESS.call = _access_call
+
+
+# -- attributes: held hashable ---------------------------------------------
+
+class FrozenSlice(tuple):
+    """A hashable stand-in for a ``slice`` in an attribute."""
+
+
+def freeze(value):
+    """Make an attribute hashable: lists become tuples, tensors tuples of
+    numbers, slices FrozenSlice; ``thaw`` undoes the slices."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(item) for item in value)
+    if isinstance(value, slice):
+        return FrozenSlice(freeze((value.start, value.stop, value.step)))
+    if hasattr(value, "numpy"):
+        # A tensor (or node) used as an attribute, such as a shape or an axis:
+        # its value is what counts.
+        array = value.numpy()
+        return array.item() if array.ndim == 0 else freeze(array.tolist())
+    try:
+        hash(value)
+    except TypeError:
+        raise NotLazy from None
+    return value
+
+
+def thaw(value):
+    if isinstance(value, FrozenSlice):
+        return slice(*value)
+    if isinstance(value, tuple):
+        return tuple(thaw(item) for item in value)
+    return value
+
+
+# -- the rows ----------------------------------------------------------------
 
 def _resolve(path):
     target = tf
@@ -143,40 +246,8 @@ GETITEM = OpRow("operator.getitem", _getitem, "shape", thaw=thaw)
 
 ALL_ROWS = TF_ROWS + list(OPERATOR_ROWS.values()) + [GETITEM]
 
+# Every row a pattern can name (a signature labels an op by its row's
+# name; patterns/codegen.py turns the name back into the row): the rows
+# above, and each generic row as dropin/dispatch.py makes it.
+ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 
-def markdown_table():
-    """The op table as Markdown, as the README shows it (kept current by a
-    test): one line per family with every public name it records, an op
-    without a batch rule marked as run per instance."""
-    import subgraphjit
-    from ..batch.rules import rule_for
-
-    public_names = {}
-    for module_name in ("", "math.", "nn.", "linalg."):
-        module = subgraphjit if not module_name else getattr(
-            subgraphjit, module_name[:-1])
-        for attribute, value in vars(module).items():
-            row = getattr(getattr(value, "__wrapped__", None), "__name__", None)
-            if row is not None and callable(value) and not attribute.startswith("_"):
-                public_names.setdefault(value, []).append(
-                    f"tf.{module_name}{attribute}")
-    by_family = {}
-    for row in TF_ROWS:
-        wrapper = next((w for w in public_names
-                        if w.__wrapped__ is row.fn), None)
-        names = sorted(public_names.get(wrapper, [f"tf.{row.name}"]))
-        # (An op of no tensors is made once for every instance: executor.py
-        # and program.py run a kind whose operands are all shared once.)
-        mark = "" if rule_for(row) is not None or not row.tensors else " (per instance)"
-        by_family.setdefault(row.family, []).extend(
-            f"`{name}`{mark}" for name in names)
-    operators = " ".join(f"`{dunder}`" for dunder in OPERATORS) + " `__getitem__`"
-    lines = ["| family | ops |", "|---|---|"]
-    lines += [f"| {family} | {', '.join(names)} |"
-              for family, names in by_family.items()]
-    lines.append(f"| VirtualNode operators | {operators} |")
-    lines.append("| special | `tf.shape` (static, no evaluation), "
-                 "`tf.nn.dropout` (mask drawn at record time) |")
-    lines.append("| generic (through dispatch) | any other TensorFlow API that "
-                 "supports dispatch, given a node (per instance) |")
-    return "\n".join(lines)

@@ -40,11 +40,10 @@ import tensorflow as tf
 from ..batch.rules import NoRule, gather_rows, rule_for
 from ..context import context
 from ..ir import spec as specs
-from ..ir.record import ACCESS, OpRow, infer_spec
-from ..ir.spec import is_variable
-from ..ir.table import ALL_ROWS, GETITEM
+from ..ir.record import infer_spec
+from ..ir.spec import VARIABLE, classify_operand, is_variable
+from ..ir.table import ACCESS, GETITEM, ROWS_BY_NAME, OpRow
 
-ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 _pattern_numbers = itertools.count(1)
 
 
@@ -120,10 +119,10 @@ class _Compiled:
         except NoRule as reason:  # also when raised while tracing
             return reason
 
-    def _load(self, namespace, row_name, multi_output):
+    def _load(self, namespace, row_name, multi_output, node_kind):
         """Run the source (registered, so it shows in tracebacks); set
         ``function``, the caches of compiled calls and the op-table row
-        that recorded nodes running the pattern get."""
+        (of ``node_kind``) that recorded nodes running the pattern get."""
         filename = f"<subgraphjit {self.function_name}>"
         linecache.cache[filename] = (len(self.source), None,
                                      self.source.splitlines(True), filename)
@@ -133,7 +132,7 @@ class _Compiled:
         self._batched = {}       # stacked argument specs -> concrete function or NoRule
         self._bodies = {}        # stacked argument specs -> stacked_body, for ``traced``
         self.row = OpRow(row_name, None, "pattern", tensors=len(self.arguments),
-                         multi_output=multi_output)
+                         multi_output=multi_output, node_kind=node_kind)
         self.row.call = self.call
         self.row.pattern = self
 
@@ -158,7 +157,7 @@ class Pattern(_Compiled):
         self.function_name = f"pattern_{self.number}"
         (self.steps, self.arguments, self.argument_positions,
          self.captured) = _steps(signature.key, example_inputs)
-        self.op_count = sum(step.row is not ACCESS for step in self.steps)
+        self.op_count = sum(step.row.node_kind != "access" for step in self.steps)
         # Lines looking up rows of a captured variable.  Run batched, each
         # instance looks up its own rows even where the index is a constant,
         # so that the gradient has an entry per instance, as eager's has.
@@ -171,7 +170,8 @@ class Pattern(_Compiled):
         self._load({"tf": tf, "operator": operator, **self.captured,
                     **{f"attr_{index}": value for index, value in
                        enumerate(unrenderable)}},
-                   f"pattern.{self.number}", self.steps[-1].row.multi_output)
+                   f"pattern.{self.number}", self.steps[-1].row.multi_output,
+                   "pattern")
 
     def _propagate_specs(self, argument_specs):
         """Each line's per-instance output spec for these argument specs, and
@@ -184,7 +184,7 @@ class Pattern(_Compiled):
             instance = step.name in self.variable_lookups or any(
                 kind == "name" and name in per_instance
                 for kind, name in step.operands)
-            if step.row is ACCESS:
+            if step.row.node_kind == "access":
                 target = per_instance if instance else shared
                 target[step.name] = operands[0][step.attrs[0]]
                 continue
@@ -259,10 +259,10 @@ class Pattern(_Compiled):
                             shared[position] = False
                 if all(shared):
                     shared_values[step.name] = (
-                        operands[0][step.attrs[0]] if step.row is ACCESS
+                        operands[0][step.attrs[0]] if step.row.node_kind == "access"
                         else step.row.call(operands, step.attrs))
                     continue
-                if step.row is ACCESS:
+                if step.row.node_kind == "access":
                     values[step.name] = operands[0][step.attrs[0]]
                     continue
                 rule = rule_for(step.row)
@@ -308,7 +308,7 @@ class FusedPattern(_Compiled):
         self.source = self._render_source()
         self._load({producer.function_name: producer.function,
                     consumer.function_name: consumer.function},
-                   f"pattern.{producer.number}+{consumer.number}", True)
+                   f"pattern.{producer.number}+{consumer.number}", True, "fused")
 
     def _render_source(self):
         producer_count = len(self.producer.arguments)
@@ -425,7 +425,7 @@ def _source(pattern):
 
 
 def _describe_captured(value):
-    kind = "tf.Variable" if hasattr(value, "assign") else "tensor"
+    kind = "tf.Variable" if classify_operand(value) == VARIABLE else "tensor"
     name = getattr(value, "name", None) if kind == "tf.Variable" else None
     return f"{kind} {name or ''} {tuple(value.shape)} {value.dtype.name}".replace("  ", " ")
 
@@ -435,7 +435,7 @@ def _render_call(step, unrenderable):
                 for kind, name in step.operands]
     row = step.row
     attrs = row.thaw(step.attrs) if row.thaw else step.attrs
-    if row is ACCESS:
+    if row.node_kind == "access":
         return f"{operands[0]}[{step.attrs[0]}]"
     if row is GETITEM:
         return f"{operands[0]}[{_render_value(attrs[0], unrenderable)}]"

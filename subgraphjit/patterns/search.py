@@ -41,8 +41,8 @@ import time
 from .. import _native
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
-from .codegen import ROWS_BY_NAME, FusedPattern, Pattern
+from ..ir.table import ACCESS, ROWS_BY_NAME
+from .codegen import FusedPattern, Pattern
 from .signature import Signer, Template, has_value_operand
 
 # Collection also ends once it has seen this many nodes, however few
@@ -78,8 +78,9 @@ class PatternSearch:
         """Collect from, or replace patterns in, the nodes of one evaluation
         (the unevaluated ancestors of ``targets``, of which ``required``
         must get values); returns the nodes left to run, in recording
-        order.  Replacement walks the graph itself: the ancestors are
-        listed (a walk of every node) only to collect, or to run ops."""
+        order.  Replacement rewrites the user's nodes in place
+        (``_replace_in_place``).  It walks the graph itself: the ancestors
+        are listed (a walk of every node) only to collect, or to run ops."""
         parameters = context.parameters
         settings = (parameters["depth"], parameters["equivalence"],
                     parameters["freq"], parameters["collect"])
@@ -114,7 +115,7 @@ class PatternSearch:
             if self.minibatches >= settings[3] or self.nodes >= COLLECT_NODES:
                 self._select(settings[2])
             return nodes
-        return self._replace(roots, signer, depth)
+        return self._replace_in_place(roots, signer, depth)
 
     # -- stage 1 -----------------------------------------------------------------
     def _collect(self, roots, signer, depth):
@@ -122,7 +123,7 @@ class PatternSearch:
         reached = {node.id: node for node in roots}
         while queue:
             node = queue.popleft()
-            if node.row is ACCESS or has_value_operand(node):
+            if node.row.node_kind == "access" or has_value_operand(node):
                 _enqueue(node.inputs, reached, queue)
                 continue
             found = signer.walk(node, depth)
@@ -155,7 +156,14 @@ class PatternSearch:
             self.on_collected(patterns)
 
     # -- stage 2 -----------------------------------------------------------------
-    def _replace(self, roots, signer, depth):
+    def _replace_in_place(self, roots, signer, depth):
+        """Stage 2: rewrite in place every node whose subgraph is a pattern
+        into one node running it -- its row becomes the pattern's, its
+        attributes none, its inputs the subgraph's inputs, and the
+        subgraph's other nodes are marked swallowed (``native/match.c``) --
+        then join pairs of pattern nodes (``_fuse_in_place``).  The nodes
+        are the user's VirtualNodes: every later pass sees the rewrite.
+        Returns the nodes reached (left to run), in recording order."""
         # Per root op: (program, pattern row, argument positions) to try, the
         # largest pattern first.  A leaf's 3-way split and an inner node's
         # 5-way one try different patterns: a program checks the root's
@@ -176,13 +184,14 @@ class PatternSearch:
             row.pattern.matches += matches
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
-            self._fuse(replaced)  # (in id order: recording order)
+            self._fuse_in_place(replaced)  # (in id order: recording order)
         return reached
 
-    def _fuse(self, pattern_nodes):
+    def _fuse_in_place(self, pattern_nodes):
         """Join each pattern node to the multi-output pattern node whose
-        outputs it reads, into one node running both (``FusedPattern``):
-        the producer's node runs the pair, and the consumer's becomes an
+        outputs it reads, into one node running both (``FusedPattern``),
+        rewriting both nodes in place: the producer's node runs the pair
+        (its row, inputs and spec change), and the consumer's becomes an
         access to its last output.  Only where that delays nothing: every
         other argument of the consumer is an argument of the producer, an
         ancestor of one (found by a walk of at most 64 nodes), or already
@@ -287,11 +296,10 @@ class Trial:
 
 
 def _row_kind(row):
-    """What ``_fuse`` needs of a row, as bits: 1, its node has several
+    """What ``_fuse_in_place`` needs of a row, as bits: 1, its node has several
     outputs; 2, a pattern's (not a joined pair's) that others may join."""
-    pattern = row.family == "pattern"
     return (int(row.multi_output)
-            | 2 * (pattern and row.multi_output and type(row.pattern) is Pattern))
+            | 2 * (row.multi_output and row.node_kind == "pattern"))
 
 
 def _enqueue(operands, reached, queue):
@@ -309,7 +317,8 @@ SEARCH = PatternSearch()
 
 
 def optimize(targets, required):
-    """Stage 1 or 2 on one evaluation's nodes, timed for the statistics."""
+    """Stage 1 or 2 on one evaluation's nodes, timed for the statistics;
+    stage 2 rewrites matched nodes in place (``PatternSearch.optimize``)."""
     started = time.perf_counter()
     try:
         return SEARCH.optimize(targets, required)

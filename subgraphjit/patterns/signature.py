@@ -38,13 +38,13 @@ result depend on the walk that found it.
 
 import itertools
 
-import tensorflow as tf
 import xxhash
 
 from .. import _native
 from ..ir.node import VirtualNode
-from ..ir.record import ACCESS
-from ..ir.spec import is_variable, spec_of_foreign
+from ..ir.spec import (NUMBER, NUMPY_SCALAR, TENSOR, VALUE, VARIABLE, classify_operand,
+                       spec_of_foreign)
+from ..ir.table import ACCESS
 
 LEVELS = ("shape", "structure", "signature")
 
@@ -123,7 +123,7 @@ class Signer:
             walk.visit(node, boundary)
             walk.inputs.append(node)
             return boundary, False
-        if node.row is ACCESS:  # an output of a multi-output op: look through
+        if node.row.node_kind == "access":  # an output of a multi-output op: look through
             source, index = node.inputs[0], node.attrs[0]
             inner, shared = self._signature(source, depth, walk)
             return self._combine(("output", index), (inner,)), shared
@@ -157,7 +157,7 @@ class Signer:
 
     def _stops_at(self, node, depth, walk):
         """Is ``node`` an input of the subgraph rather than part of it?"""
-        if node.row is ACCESS:
+        if node.row.node_kind == "access":
             # Looking through is free; the multi-output op decides, but an
             # output of one that must stay outside is itself the input.
             if not node.inputs:
@@ -225,13 +225,15 @@ class Signer:
         return self._combine(self._operand_label(operand), ())
 
     def _operand_label(self, operand):
-        if is_variable(operand):
+        operand_class = classify_operand(operand)
+        if operand_class == VARIABLE:
             # The identity of a shared parameter: W and U never share code.
             return ("parameter", id(operand))
-        if type(operand) in (int, float, bool):
+        if operand_class == NUMBER:
             return ("constant", type(operand).__name__, operand)
-        if isinstance(operand, tf.Tensor):
+        if operand_class == TENSOR:
             return ("tensor", id(operand))
+        # A NumPy or list value (a NumPy scalar too): by its kind and shape.
         operand_spec = spec_of_foreign(operand)
         kind = operand_spec.python_type or operand_spec.dtype
         if self.level == "shape":
@@ -340,16 +342,12 @@ def has_value_operand(node):
     """Is an operand of ``node`` a NumPy or list value (not a node, tensor,
     variable or Python number)?"""
     for operand in node.inputs:
-        kind = type(operand)
-        if kind is VirtualNode or kind in _PYTHON_NUMBERS:
-            continue
-        if not (isinstance(operand, tf.Tensor) or is_variable(operand)):
+        if classify_operand(operand) in (NUMPY_SCALAR, VALUE):
             return True
     return False
 
 
-_PYTHON_NUMBERS = (int, float, bool)
-_NUMBER_TYPES = {kind.__name__: kind for kind in _PYTHON_NUMBERS}
+_NUMBER_TYPES = {kind.__name__: kind for kind in (int, float, bool)}
 
 
 def _dtypes(spec):

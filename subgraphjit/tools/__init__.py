@@ -1,6 +1,7 @@
 """Tools apart from the library: the ``subgraphjit`` command (cli.py), the
-scheduler comparison it runs (scheduler_comparison.py) and the plain-text
-tables that it, the experiments and the benchmarks print (report.py).
+scheduler comparison it runs (scheduler_comparison.py), the plain-text
+tables that it, the experiments and the benchmarks print (report.py), and
+the README's op table (op_table.py).
 Nothing in the library imports this package; the tools may import the
 library and a source checkout's ``experiments/``."""
 
