@@ -327,17 +327,9 @@ def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
     return value + bias
 
 
-def pattern_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """A compiled frequent subgraph, every instance at once (patterns/codegen.py).
-    Unlike other rules it takes each operand as a (table, rows) pair, and the
-    compiled function gathers the rows itself."""
-    if any(shared):
-        raise NoRule("a pattern argument is shared")
-    return row.pattern.batched(values)
-
-
+# (The pattern family's rule is registered by patterns/codegen.py, and a
+# Keras layer's by dropin/layers.py: register_family_rule.)
 _FAMILY_RULES = {
-    "pattern": pattern_rule,
     "elementwise": broadcasting_rule,
     "broadcasting": broadcasting_rule,
     "loss": no_shared_rule,
@@ -381,5 +373,6 @@ def rule_for(row):
 def register_family_rule(family, rule):
     """Make ``rule`` the batch rule of every row of ``family``: a family of
     rows made outside the op table registers its own when its module loads
-    (dropin/layers.py: a Keras layer's call), so this module imports none."""
+    (patterns/codegen.py: a compiled pattern; dropin/layers.py: a Keras
+    layer's call), so this module imports neither."""
     _FAMILY_RULES[family] = rule

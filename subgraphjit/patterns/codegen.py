@@ -37,7 +37,7 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from ..batch.rules import NoRule, gather_rows, rule_for
+from ..batch.rules import NoRule, gather_rows, register_family_rule, rule_for
 from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
@@ -144,6 +144,19 @@ class _Compiled:
             context.pattern_traces += 1  # runs once per trace, not per call
             return function(*arguments)
         return traced
+
+
+def batch_rule(row, attrs, values, shared, ranks, output_spec, count):
+    """The batch rule of the rows compiled patterns record (family
+    "pattern"): every instance at once.  Unlike other rules it takes each
+    operand as a (table, rows) pair, and the compiled function gathers the
+    rows itself."""
+    if any(shared):
+        raise NoRule("a pattern argument is shared")
+    return row.pattern.batched(values)
+
+
+register_family_rule("pattern", batch_rule)
 
 
 class Pattern(_Compiled):
