@@ -84,9 +84,12 @@ def evaluate(targets, required=None, forced_by=None):
             nodes = unevaluated_ancestors(targets)
         context.session += 1
         before = context.stats() if context.parameters["debug"] else None
+        compile_after = 0 if forced_by is concurrent.ROUND else context.parameters["compile"]
+        if (compile_after and context.parameters["granularity"] != "op"
+                and search.SEARCH.trial_settling):
+            compile_after = 1   # (a granularity trial times units as they will run)
         launches = _run(nodes, targets if required is None else required,
-                        compile_after=(0 if forced_by is concurrent.ROUND
-                                       else context.parameters["compile"]))
+                        compile_after=compile_after)
     finally:
         if collector_was_on:
             gc.enable()

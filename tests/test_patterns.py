@@ -352,6 +352,7 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
     parameters(granularity="auto", collect=1, compile=4)
     monkeypatch.setattr(program, "MAX_KINDS", 0)
     monkeypatch.setattr(search.Trial, "SEPARATED", float("inf"))   # every turn
+    monkeypatch.setattr(search.Trial, "FAR", float("inf"))
     tf.reset_stats()
     rng = np.random.default_rng(23)
     model = MODELS["tree_lstm"](rng)
@@ -364,11 +365,13 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
     assert tf.stats()["programs_compiled"] == 0
 
 
-@pytest.mark.parametrize("ratio,turns", [(1.2, len(search.Trial.TIMED)), (3.0, 4)])
+@pytest.mark.parametrize("ratio,turns", [(1.2, len(search.Trial.TIMED)), (1.5, 4),
+                                         (3.0, 2)])
 def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
         auto_trial, ratio, turns):
-    """Two turns each, and every time of one unit ``SEPARATED`` times below
-    every time of the other, decide; closer times take every turn."""
+    """One turn each, one unit ``FAR`` times below the other, decide; or
+    two turns each, every time of one unit ``SEPARATED`` times below every
+    time of the other; closer times take every turn."""
     now = auto_trial
     rng = np.random.default_rng(24)
     model = MODELS["tree_lstm"](rng)
@@ -383,6 +386,24 @@ def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
             now[0] += timing[2] * (1.0 if timing[0] == "subgraph" else ratio)
     assert len(timed) == turns
     assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
+
+
+def test_a_unit_settling_in_the_trial_compiles_its_program_at_first_sight(parameters):
+    """While the trial settles the patterns unit, its program compiles at
+    the first evaluation, though ``compile`` asks for four sightings
+    outside the trial."""
+    parameters(granularity="auto", collect=1, compile=4)
+    tf.reset_stats()
+    rng = np.random.default_rng(25)
+    model = MODELS["tree_lstm"](rng)
+    compiled = []
+    for _ in range(4):   # collect; the op unit settles; then the patterns unit
+        matched = tf.stats()["pattern_matches"]
+        before = tf.stats()["programs_compiled"]
+        assert_matches_eager(model, model.random_examples(rng, 3))
+        if tf.stats()["pattern_matches"] > matched:
+            compiled.append(tf.stats()["programs_compiled"] - before)
+    assert compiled and compiled[0] == 1
 
 
 def test_auto_granularity_chooses_for_training_and_inference_apart(auto_trial):

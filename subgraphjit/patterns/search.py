@@ -58,6 +58,8 @@ class PatternSearch:
     def __init__(self):
         self.settings = None
         self.on_collected = None  # called with the patterns when collection ends
+        # This evaluation's unit is settling in a granularity trial (Trial).
+        self.trial_settling = False
         self.reset()
 
     def reset(self):
@@ -87,6 +89,7 @@ class PatternSearch:
         if settings != self.settings:  # statistics of other settings are moot
             self.settings = settings
             self.reset()
+        self.trial_settling = False
         if context.patterns is not None and parameters["granularity"] == "auto":
             # Any evaluation ends the one being timed, of either mode.
             now = Trial.clock()
@@ -97,7 +100,9 @@ class PatternSearch:
             # to run ops; once patterns are chosen, replacement finds them.
             if context.granularity_chosen.get(trial.mode) != "subgraph":
                 nodes = _native.unevaluated_ancestors(targets)
-                if trial.unit(len(nodes), parameters["compile"], now) == "op":
+                unit = trial.unit(len(nodes), parameters["compile"], now)
+                self.trial_settling = trial.settling < len(Trial.UNITS)
+                if unit == "op":
                     return nodes   # (before any work: every evaluation passes here)
         depth, level = settings[0], settings[1]
         required = {node.id for node in required if type(node) is VirtualNode}
@@ -220,15 +225,19 @@ class Trial:
     program was refused (too many kinds: it will run step by step; at batch
     256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
     evaluations passed (keys that vary with a rare kind take longer to
-    recur) -- then
+    recur); while it settles, its programs compile at first sight
+    (``settling``: evaluations run step by step until a key recurs
+    ``compile`` times tell the trial nothing, and cost seconds at batch
+    256) -- then
     the two take turns in the order of ``TIMED`` (op, patterns, patterns,
     op, ...: a loop that alternates training and inference evaluations,
     or slows down over time, favours neither), and the unit with the
     lower median seconds per node is kept (a median, so that one
     evaluation that compiles decides nothing).  The turns end early once
     each unit has two and every time of one is ``SEPARATED`` times below
-    every time of the other: at batch 256 each op evaluation of the
-    Tree-LSTM takes about a second.
+    every time of the other, or each has one and one is ``FAR`` times
+    below the other: at batch 256 each op evaluation of the Tree-LSTM
+    takes about a second, five times a pattern evaluation's per node.
     The time of an evaluation is until the next one (of either mode)
     starts, so it includes the backward, the update and the recording of
     the next minibatch: what the user waits for."""
@@ -236,6 +245,7 @@ class Trial:
     UNITS = ("op", "subgraph")
     TIMED = ("op", "subgraph", "subgraph", "op") * 2
     SEPARATED = 1.25
+    FAR = 2.0
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, mode):
@@ -289,10 +299,11 @@ class Trial:
 
     def _separated(self):
         times = [self.per_node[unit] for unit in self.UNITS]
-        if min(map(len, times)) < 2:
+        if min(map(len, times)) < 1:
             return False
         fast, slow = sorted(times, key=min)
-        return max(fast) * self.SEPARATED < min(slow)
+        factor = self.SEPARATED if min(map(len, times)) >= 2 else self.FAR
+        return max(fast) * factor < min(slow)
 
 
 def _row_kind(row):
