@@ -552,6 +552,21 @@ best_present(const Fsm *fsm, PyObject *scores)
     return best;
 }
 
+/* The active slot of the present name that ``dict[key]`` (a dict {name:
+ * score}) rates highest; -1 for none (no such key, or no present name in
+ * it), -2 on error. */
+static Py_ssize_t
+choice_in(const Fsm *fsm, PyObject *dict, PyObject *key)
+{
+    PyObject *scores = PyDict_GetItemWithError(dict, key);
+    if (scores == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    if (!PyDict_Check(scores))
+        return -1;
+    Py_ssize_t best = best_present(fsm, scores);
+    return best < 0 ? best : fsm->slot[best];
+}
+
 /* The active slot of the type the FSM picks from the ready lists, -1 for
  * none (the agenda rule decides), -2 on error. */
 static Py_ssize_t
@@ -599,32 +614,13 @@ fsm_choose(Fsm *fsm, const Ready *ready, const Py_ssize_t *active,
             goto done;
         }
     }
-    PyObject *values = PyDict_GetItemWithError(fsm->table, state);
-    if (values == NULL && PyErr_Occurred()) {
-        chosen = -2;
-        goto done;
-    }
-    if (values != NULL && PyDict_Check(values)
-            && (chosen = best_present(fsm, values)) >= 0) {
-        chosen = fsm->slot[chosen];
-        goto done;
-    }
-    if (chosen == -2)
-        goto done;
-    PyObject *votes = PyDict_GetItemWithError(fsm->coarse, base);
-    if (votes == NULL && PyErr_Occurred()) {
-        chosen = -2;
-        goto done;
-    }
-    if (votes != NULL && PyDict_Check(votes)
-            && (chosen = best_present(fsm, votes)) >= 0) {
-        fsm->coarse_decisions++;
-        chosen = fsm->slot[chosen];
-        goto done;
-    }
-    if (chosen != -2) {
-        fsm->fallbacks++;
-        chosen = -1;
+    chosen = choice_in(fsm, fsm->table, state);
+    if (chosen == -1) {   /* an unseen state: its set of ready names, else agenda */
+        chosen = choice_in(fsm, fsm->coarse, base);
+        if (chosen >= 0)
+            fsm->coarse_decisions++;
+        else if (chosen == -1)
+            fsm->fallbacks++;
     }
 done:
     for (Py_ssize_t i = 0; i < fsm->present_count; i++)
