@@ -490,8 +490,8 @@ class _Compiled:
         and the forward's lists of products.  The steps read the buffers'
         rows from the program's variables, where the forward left them;
         ``restore`` puts them back when another forward of this program
-        ran since (two losses of one tape): copying them in every time
-        took 4 of a 256-tree backward's 59 ms."""
+        ran since (two losses of one tape, or an inference in between):
+        copying them in every time took 4 of a 256-tree backward's 59 ms."""
         table, rows, sizes, restore = arguments[:4]
         arguments = arguments[:3] + arguments[4:]
         count, shared_count = len(self.buffers), len(self.shared.values)
