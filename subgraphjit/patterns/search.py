@@ -226,9 +226,9 @@ class Trial:
     256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
     evaluations passed (keys that vary with a rare kind take longer to
     recur); while it settles, its programs compile at first sight
-    (``settling``: evaluations run step by step until a key recurs
-    ``compile`` times tell the trial nothing, and cost seconds at batch
-    256) -- then
+    (``PatternSearch.trial_settling``: evaluations run step by step until
+    a key recurs ``compile`` times tell the trial nothing, and cost
+    seconds at batch 256) -- then
     the two take turns in the order of ``TIMED`` (op, patterns, patterns,
     op, ...: a loop that alternates training and inference evaluations,
     or slows down over time, favours neither), and the unit with the
