@@ -353,7 +353,7 @@ static PyType_Spec node_spec = {
 
 /* -- NodeOperand ------------------------------------------------------------ */
 
-/* A BatchGraph operand that is a recorded node (batch/graph.py).  Made
+/* A BatchGraph operand that is a recorded node (batcher/graph.py).  Made
  * here, not as a Python class: a graph of a 256-tree minibatch has 360,000
  * of them, which a class with __init__ cost about 100 ns each to make and
  * as much to free, and which the planner's C reads as fields rather than
@@ -421,7 +421,7 @@ static PyType_Slot node_operand_slots[] = {
 };
 
 static PyType_Spec node_operand_spec = {
-    .name = "subgraphjit.batch.graph.NodeOperand",
+    .name = "subgraphjit.batcher.graph.NodeOperand",
     .basicsize = sizeof(NodeOperand),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = node_operand_slots,

@@ -6,9 +6,9 @@
  * - search_roots: where the pattern search starts.
  * - depths, agenda_schedule, depth_schedule, critical_schedule,
  *   fsm_schedule: the schedulers' integer work (and the FSM's table look-ups)
- *   on a BatchGraph's ``type_of`` and ``sources`` (batch/schedulers).
+ *   on a BatchGraph's ``type_of`` and ``sources`` (batcher/schedulers).
  * - describe_graph: BatchGraph's loop (types, duplicates, operands,
- *   sources), calling back into batch/graph.py for rare operands.
+ *   sources), calling back into batcher/graph.py for rare operands.
  *
  * Everything is iterative (graphs can be 100,000 nodes deep) and works on
  * borrowed node pointers while no Python code runs: nothing can free a node
@@ -476,7 +476,7 @@ make_ready(Ready *ready, Py_ssize_t *active, Py_ssize_t *active_count,
 /* How a ready-list scheduler picks the next type. */
 enum { LOWEST_AVERAGE_DEPTH, HIGHEST_READY };
 
-/* The FSM scheduler's choice (batch/schedulers/fsm.py, FsmPolicy): the
+/* The FSM scheduler's choice (batcher/schedulers/fsm.py, FsmPolicy): the
  * learned table's greedy type name for the frontier's state, else the
  * commonest choice the learned schedule made for the same set of ready
  * names, else none (the agenda rule picks).  Names are given as ids that
@@ -828,7 +828,7 @@ critical_schedule(PyObject *module, PyObject *args)
 PyDoc_STRVAR(fsm_schedule_doc,
 "fsm_schedule(type_of, sources, type_count, names, name_of_type, encoding,\n"
 "             table, coarse)\n--\n\n"
-"The FSM scheduler's schedule with a learned policy (batch/schedulers/fsm.py):\n"
+"The FSM scheduler's schedule with a learned policy (batcher/schedulers/fsm.py):\n"
 "agenda's ready lists, with the type chosen by the policy's ``table`` for\n"
 "the frontier's state (``encoding``: 'sort', 'max' or 'base', as\n"
 "fsm.encode), else by ``coarse`` for its set of ready names, else by the\n"
@@ -1706,7 +1706,7 @@ keeps_own_row(Describe *d, Node *node, PyObject *gathers)
 PyDoc_STRVAR(describe_graph_doc,
 "describe_graph(nodes, access_row, row_info, kind_of,\n"
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
-"BatchGraph's loop over its nodes (see batch/graph.py, which gives the\n"
+"BatchGraph's loop over its nodes (see batcher/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
 "shared_operand, duplicates): ``operands`` an OperandTable, ``sources`` its\n"
 "Sources view, ``duplicates`` counting the nodes whose work an earlier node\n"

@@ -1,5 +1,5 @@
-/* A program's bookkeeping over every node (batch/plan.py) and the write-back
- * of its results (batch/program.py), in C: these are loops over all the
+/* A program's bookkeeping over every node (batcher/plan.py) and the write-back
+ * of its results (batcher/program.py), in C: these are loops over all the
  * nodes of an evaluation, which in Python cost more than the compiled
  * program's own forward at a batch of 256 trees.
  *

@@ -5,7 +5,7 @@ import contextlib
 import tensorflow as tf
 
 from . import concurrent, overlap
-from .batch.program import PROGRAMS
+from .batcher.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
 from .ir.node import VirtualNode

@@ -98,8 +98,8 @@ PARAMETERS = {
         "earlier results instead of gathers"),
     "compile": Parameter(
         4, int, lambda value: _positive_int(value) or value == 0,
-        "run an evaluation as one compiled TensorFlow call (batch/plan.py, "
-        "batch/program.py) once its program's key is this many of the last "
+        "run an evaluation as one compiled TensorFlow call (batcher/plan.py, "
+        "batcher/program.py) once its program's key is this many of the last "
         "16 evaluations' keys, so that a model whose keys keep changing "
         "never compiles (4, the default: faster than step by step for the "
         "example tree models, and for the SST Tree-LSTM's training and "
@@ -178,7 +178,7 @@ class Context:
         self.granularity_chosen = {}
         self.granularity_trial = {}
         self.tapes = 0   # our GradientTapes open
-        # The FSM scheduler's learned policy (batch/schedulers/fsm.py), made
+        # The FSM scheduler's learned policy (batcher/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
         self.session = 0
@@ -274,7 +274,7 @@ class Context:
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,
-            # Batches over varying shapes (batch/varying.py), by op name:
+            # Batches over varying shapes (batcher/varying.py), by op name:
             # launches, and the instances they ran; output elements computed
             # for padding (only padded batches pad: rows are concatenated).
             "varying_batches": collections.Counter(),

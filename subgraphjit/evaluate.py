@@ -15,8 +15,8 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batch, concurrent, overlap
-from .batch.schedulers import SCHEDULERS, fsm, lower_bound
+from . import _native, batcher, concurrent, overlap
+from .batcher.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
 from .ir.node import VirtualNode, use_evaluator
 from .ir.record import annotate
@@ -162,7 +162,7 @@ def _run(nodes, required, compile_after):
         return len(nodes)
     statistics = context.batching
     before = statistics["batches"]
-    graph = batch.execute(nodes, statistics, _scheduler(scheduler),
+    graph = batcher.execute(nodes, statistics, _scheduler(scheduler),
                           context.parameters["layout"],
                           compile_after, required)
     if context.parameters["lower_bound"]:

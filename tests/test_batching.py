@@ -7,7 +7,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.batch.schedulers import SCHEDULERS
+from subgraphjit.batcher.schedulers import SCHEDULERS
 from experiments.example_models import MODELS
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import subgraphjit as tf
-from subgraphjit.batch.schedulers import SCHEDULERS, lower_bound
-from subgraphjit.batch.schedulers.structure import depths
-from subgraphjit.batch.schedulers.fsm import (
+from subgraphjit.batcher.schedulers import SCHEDULERS, lower_bound
+from subgraphjit.batcher.schedulers.structure import depths
+from subgraphjit.batcher.schedulers.fsm import (
     ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler, Simulation, encode, ready_names)
 from subgraphjit.tools.scheduler_comparison import count_batches, recorded_graph
 from experiments.example_models import MODELS

@@ -37,6 +37,6 @@ def test_library_imports_neither_experiments_nor_tools():
 
 def test_relative_imports_are_resolved():
     """(So that ``from ..tools import cli`` would be seen.)"""
-    modules = set(imported_modules(LIBRARY / "batch" / "graph.py"))
+    modules = set(imported_modules(LIBRARY / "batcher" / "graph.py"))
     assert "subgraphjit._native" in modules     # from .. import _native
     assert "subgraphjit.ir.table" in modules    # from ..ir.table import ...

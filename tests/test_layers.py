@@ -15,7 +15,7 @@ import tensorflow
 
 import subgraphjit as sj
 from subgraphjit import VirtualNode
-from subgraphjit.batch import program
+from subgraphjit.batcher import program
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 
 VOCAB, EMBEDDING, HIDDEN, CLASSES = 7, 3, 4, 2

@@ -8,8 +8,8 @@ import itertools
 
 from hypothesis import given, settings, strategies as st
 
-from subgraphjit.batch import layout
-from subgraphjit.batch.layout import plan
+from subgraphjit.batcher import layout
+from subgraphjit.batcher.layout import plan
 
 
 def is_run(ordered, source_of, results):

@@ -12,10 +12,10 @@ from hypothesis import given, settings, strategies as st
 
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
-from subgraphjit.batch import graph as graph_module
-from subgraphjit.batch.graph import BatchGraph, BatchingSignature, NodeOperand
-from subgraphjit.batch.schedulers import (AgendaScheduler, CriticalScheduler, DepthScheduler,
-                                          depths)
+from subgraphjit.batcher import graph as graph_module
+from subgraphjit.batcher.graph import BatchGraph, BatchingSignature, NodeOperand
+from subgraphjit.batcher.schedulers import (AgendaScheduler, CriticalScheduler,
+                                            DepthScheduler, depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.spec import is_variable, spec_of_foreign
@@ -381,7 +381,7 @@ def test_search_roots_match_the_reference(dag, data):
 
 class ReferenceGraph:
     """BatchGraph's description of its nodes as the Python before issue 17
-    gave it (batch/graph.py)."""
+    gave it (batcher/graph.py)."""
 
     def __init__(self, nodes):
         index_of, signature_types, work_seen = {}, {}, {}
@@ -472,7 +472,7 @@ def reference_gathers_variable_rows(node):
 
 
 def reference_is_number(operand):
-    """A Python number or NumPy scalar: shared by value (as batch/graph.py
+    """A Python number or NumPy scalar: shared by value (as batcher/graph.py
     decided before issue 17 gave ir/spec.py classify_operand)."""
     return type(operand) in (int, float, bool) or isinstance(operand, np.generic)
 

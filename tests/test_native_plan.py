@@ -9,9 +9,9 @@ import tensorflow
 
 import subgraphjit as tf
 from subgraphjit import _native
-from subgraphjit.batch import plan as plans
-from subgraphjit.batch.graph import BatchGraph, NodeOperand
-from subgraphjit.batch.schedulers import SCHEDULERS
+from subgraphjit.batcher import plan as plans
+from subgraphjit.batcher.graph import BatchGraph, NodeOperand
+from subgraphjit.batcher.schedulers import SCHEDULERS
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.node import VirtualNode
 from subgraphjit.ir.table import ACCESS
@@ -19,7 +19,7 @@ from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 
 
-# -- the reference: batch/plan.py and program.run before issue 17 moved them --
+# -- the reference: batcher/plan.py and program.run before issue 17 moved them --
 
 def reference_read_outputs(graph, required):
     required = {node.id for node in required if type(node) is VirtualNode}

@@ -269,7 +269,7 @@ def test_row_equals_eager(row_name, seed):
                 run(resolve(tensorflow, row_name), args, kwargs, lazy=False))
 
 
-# Rows that run per instance by design (see subgraphjit/batch/rules.py).
+# Rows that run per instance by design (see subgraphjit/batcher/rules.py).
 NO_BATCH_RULE = set()
 
 

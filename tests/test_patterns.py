@@ -348,7 +348,7 @@ def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
     many kinds) has settled at its second evaluation, not after
     2 x compile + 1: the choice is made as the evaluation after 1 (collect)
     + 2 + 2 + the timed ones starts."""
-    from subgraphjit.batch import program
+    from subgraphjit.batcher import program
     parameters(granularity="auto", collect=1, compile=4)
     monkeypatch.setattr(program, "MAX_KINDS", 0)
     monkeypatch.setattr(search.Trial, "SEPARATED", float("inf"))   # every turn

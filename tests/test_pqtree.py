@@ -8,8 +8,8 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from subgraphjit.batch import pqtree
-from subgraphjit.batch.pqtree import PQTree
+from subgraphjit.batcher import pqtree
+from subgraphjit.batcher.pqtree import PQTree
 
 
 def consecutive(order, subset):

@@ -1,4 +1,4 @@
-"""Compiled programs (batch/plan.py, batch/program.py): an evaluation run as
+"""Compiled programs (batcher/plan.py, batcher/program.py): an evaluation run as
 one compiled TensorFlow call gives eager TensorFlow's values, gradients and
 gradient types; a program compiled for one minibatch and reused on another
 gives that minibatch's results; errors still name the user's line.
@@ -16,9 +16,9 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.batch import plan as plans, program
-from subgraphjit.batch.graph import BatchGraph
-from subgraphjit.batch.schedulers import SCHEDULERS
+from subgraphjit.batcher import plan as plans, program
+from subgraphjit.batcher.graph import BatchGraph
+from subgraphjit.batcher.schedulers import SCHEDULERS
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS

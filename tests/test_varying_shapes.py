@@ -1,4 +1,4 @@
-"""Batching over varying lengths (batch/varying.py): instances whose operands
+"""Batching over varying lengths (batcher/varying.py): instances whose operands
 differ only in their first axis run as one op on their rows concatenated,
 and give eager TensorFlow's values, gradients and gradient types.
 
@@ -11,8 +11,8 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.batch import varying
-from subgraphjit.batch.graph import BatchGraph
+from subgraphjit.batcher import varying
+from subgraphjit.batcher.graph import BatchGraph
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal

@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record as tape_record
 
-from ..batch.rules import NoRule, register_family_rule
+from ..batcher.rules import NoRule, register_family_rule
 from ..context import context
 from ..ir.node import VirtualNode
 from ..ir.record import record as _record

@@ -176,7 +176,7 @@ _EAGER_TENSOR = type(tf.constant(0))
 
 def _row_of(batch, row):
     if isinstance(batch, list):  # a multi-output op's batched outputs
-        if isinstance(row, tuple):   # ... each at its own row (batch/program.py)
+        if isinstance(row, tuple):   # ... each at its own row (batcher/program.py)
             return [output[r] for output, r in zip(batch, row)]
         return [output[row] for output in batch]
     return batch[row]

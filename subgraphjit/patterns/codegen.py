@@ -19,7 +19,7 @@ function, which skips tf.function's per-call signature matching:
 * ``call``: on one instance, the generated function itself;
 * ``batched``: on a whole group at once, every per-instance argument stacked
   along a new leading axis; each line runs through the batching layer's rule
-  for its op (``batch/rules.py``), the same rules single ops batch with.
+  for its op (``batcher/rules.py``), the same rules single ops batch with.
   Every argument arrives as a table and the rows to take from it, gathered
   inside the function: a gather costs no launch of its own, and an argument
   that is a slice one time and a gather the next does not retrace.
@@ -37,7 +37,7 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from ..batch.rules import NoRule, gather_rows, register_family_rule, rule_for
+from ..batcher.rules import NoRule, gather_rows, register_family_rule, rule_for
 from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec

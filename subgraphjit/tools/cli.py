@@ -127,7 +127,7 @@ def collect_once(script, script_arguments, depth, arguments):
 
 def parse_sweep(items):
     """``["alpha=0.5,1", "n_step=2,4"]`` -> the FsmConfig overrides to try."""
-    from ..batch.schedulers.fsm import FsmConfig
+    from ..batcher.schedulers.fsm import FsmConfig
     fields = {field.name: field for field in dataclasses.fields(FsmConfig)}
     axes = []
     for item in items:
@@ -145,7 +145,7 @@ def parse_sweep(items):
 
 
 def compare_schedulers(arguments):
-    from ..batch.schedulers.fsm import FsmConfig
+    from ..batcher.schedulers.fsm import FsmConfig
     from . import scheduler_comparison
 
     models = arguments.models.split(",") if arguments.models else None

@@ -4,7 +4,7 @@ rules, both of which import ir/table.py, so the table cannot import them."""
 
 import subgraphjit
 
-from ..batch.rules import rule_for
+from ..batcher.rules import rule_for
 from ..ir.table import OPERATORS, TF_ROWS
 
 

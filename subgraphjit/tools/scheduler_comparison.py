@@ -16,9 +16,9 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from ..batch.graph import BatchGraph
-from ..batch.schedulers import SCHEDULERS, lower_bound
-from ..batch.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
+from ..batcher.graph import BatchGraph
+from ..batcher.schedulers import SCHEDULERS, lower_bound
+from ..batcher.schedulers.fsm import ENCODINGS, FsmConfig, FsmPolicy, FsmScheduler
 from . import REPOSITORY
 from .report import print_table
 

@@ -104,7 +104,7 @@ def hooks(products=None, rows=None):
     rule traces, which returns the product of the rows ``a`` and the
     shared ``b`` (``compute()`` computes it): the forward keeps the
     products it computes, and the backward replays them instead of
-    computing them again (batch/program.py; the gradient of a product
+    computing them again (batcher/program.py; the gradient of a product
     needs its operands, not its value, but the ops after it in a pattern
     need the value).  And route through ``rows(name, x, y, compute)`` each
     binary op of ``ROWS_GRADIENTS`` on two operands of the same rows: the

@@ -40,7 +40,7 @@ Only types with a value of rank 2 or more join: a vector's one axis is as
 likely a feature size (a child-sum cell's ``[h]`` and ``[3h]``) as a
 length, and the padded pass joins only types whose first axes differ
 (``[1, 4]`` and ``[1, 12]`` gates are features).  Programs are not
-compiled for an evaluation with joined types (batch/__init__.py): their
+compiled for an evaluation with joined types (batcher/__init__.py): their
 buffers hold rows of one shape.  An evaluation holding patterns is not
 joined (``merge_types``).
 """
