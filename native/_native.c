@@ -9,8 +9,8 @@
  *   garbage collector (a heap class could hold its own instance), even with
  *   __slots__ = (); a type made here with PyType_FromSpec is not.
  *
- * - record(row, inputs, attrs): one op recorded, the body of every generated
- *   wrapper (subgraphjit/ir/record.py holds the op-table rows and the
+ * - record(entry, inputs, attrs): one op recorded, the body of every
+ *   generated wrapper (subgraphjit/ir/record.py holds the op entries and the
  *   Python callbacks used on rare paths: shape inference on a cache miss,
  *   specs of foreign operands, freezing unhashable attributes).
  *
@@ -72,7 +72,7 @@ node_inputs_tuple(Node *node)
 }
 
 static Node *
-new_node(long long id, PyObject *row, PyObject *const *inputs, Py_ssize_t count,
+new_node(long long id, PyObject *entry, PyObject *const *inputs, Py_ssize_t count,
          PyObject *attrs, PyObject *spec, PyObject *site)
 {
     Node *node = (Node *)slab_alloc();
@@ -84,7 +84,7 @@ new_node(long long id, PyObject *row, PyObject *const *inputs, Py_ssize_t count,
     node->swallowed = 0;
     node->batched = 0;
     node->input_count = 0;
-    node->row = Py_NewRef(row);
+    node->entry = Py_NewRef(entry);
     node->attrs = Py_NewRef(attrs);
     node->spec = Py_NewRef(spec);
     node->value = Py_NewRef(Py_None);
@@ -100,12 +100,12 @@ new_node(long long id, PyObject *row, PyObject *const *inputs, Py_ssize_t count,
 static PyObject *
 node_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"id", "row", "inputs", "attrs", "spec", "site",
+    static char *keywords[] = {"id", "entry", "inputs", "attrs", "spec", "site",
                                NULL};
     long long id;
-    PyObject *row, *inputs, *attrs, *spec, *site;
+    PyObject *entry, *inputs, *attrs, *spec, *site;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOO:VirtualNode",
-                                     keywords, &id, &row, &inputs, &attrs,
+                                     keywords, &id, &entry, &inputs, &attrs,
                                      &spec, &site))
         return NULL;
     if (!PyTuple_Check(inputs) && !PyList_Check(inputs)) {
@@ -113,7 +113,7 @@ node_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                      "list, not %.100s", Py_TYPE(inputs)->tp_name);
         return NULL;
     }
-    return (PyObject *)new_node(id, row, PySequence_Fast_ITEMS(inputs),
+    return (PyObject *)new_node(id, entry, PySequence_Fast_ITEMS(inputs),
                                 PySequence_Fast_GET_SIZE(inputs), attrs, spec,
                                 site);
 }
@@ -288,7 +288,7 @@ node_release(Node *node)
         Py_DECREF(inputs[i]);
     if (inputs != node->inline_inputs)
         PyMem_Free(inputs);
-    Py_XDECREF(node->row);
+    Py_XDECREF(node->entry);
     Py_XDECREF(node->attrs);
     Py_XDECREF(node->spec);
     Py_XDECREF(node->value);
@@ -325,7 +325,7 @@ static PyMemberDef node_members[] = {
      "global id, increasing: ids are a topological order"},
     {"consumers", T_INT, offsetof(Node, consumers), 0,
      "nodes recorded with this one as an operand"},
-    {"row", T_OBJECT_EX, offsetof(Node, row), 0, "the op-table row"},
+    {"entry", T_OBJECT_EX, offsetof(Node, entry), 0, "the op entry"},
     {"attrs", T_OBJECT_EX, offsetof(Node, attrs), 0,
      "the op's other arguments, hashable"},
     {"spec", T_OBJECT_EX, offsetof(Node, spec), 0, "output dtype and shape"},
@@ -489,9 +489,9 @@ current_site(void)
 /* Python callbacks and values, given once by setup(). */
 static PyObject *context;          /* subgraphjit.context.context */
 static PyObject *spec_of_foreign;  /* spec of an operand that is no node */
-static PyObject *infer;            /* _infer(row, inputs, attrs, key, site) */
+static PyObject *infer;            /* _infer(entry, inputs, attrs, key, site) */
 static PyObject *freeze;           /* hashable form of attributes */
-PyObject *access_row;              /* ACCESS: output i of a multi-output op */
+PyObject *access_entry;            /* ACCESS: output i of a multi-output op */
 static PyObject *scalar_specs;     /* {int: Spec, float: ..., bool: ...} */
 static PyObject *variable_types;   /* {type of each variable seen} */
 
@@ -503,55 +503,55 @@ static PyObject *eager_tensor_type;  /* TensorFlow's EagerTensor */
 #define SHARED_INDICES 16
 static PyObject *index_attrs[SHARED_INDICES];
 
-/* Per row, its spec cache (``row.cache``, a dict) and whether it is
- * multi-output: read once, not as two attribute lookups per op.  The cache
- * dict is made with the row (ir/record.py); multi_output may be learnt
- * by shape inference (a generic row's, dropin/dispatch.py), so it is read
- * again after each (``forget_row``).  The table holds the row, so no other
- * row takes its address. */
-#define ROW_SLOTS 256
+/* Per op entry, its spec cache (``entry.cache``, a dict) and whether it
+ * is multi-output: read once, not as two attribute lookups per op.  The
+ * cache dict is made with the entry (ir/record.py); multi_output may be
+ * learnt by shape inference (a generic entry's, dropin/dispatch.py), so it
+ * is read again after each (``forget_entry``).  The table holds the entry,
+ * so no other entry takes its address. */
+#define ENTRY_SLOTS 256
 static struct {
-    PyObject *row, *cache;
+    PyObject *entry, *cache;
     int multi_output;
-} row_table[ROW_SLOTS];
+} entry_table[ENTRY_SLOTS];
 
-/* The row's cache (borrowed) and multi-output flag, or NULL with an
+/* The op entry's cache (borrowed) and multi-output flag, or NULL with an
  * exception set. */
 static PyObject *
-row_cache(PyObject *row, int *multi_output)
+entry_cache(PyObject *op_entry, int *multi_output)
 {
-    size_t slot = ((size_t)row >> 4) % ROW_SLOTS;
-    if (row_table[slot].row != row) {
-        PyObject *cache = PyObject_GetAttr(row, str_cache);
+    size_t slot = ((size_t)op_entry >> 4) % ENTRY_SLOTS;
+    if (entry_table[slot].entry != op_entry) {
+        PyObject *cache = PyObject_GetAttr(op_entry, str_cache);
         if (cache == NULL)
             return NULL;
         if (!PyDict_Check(cache)) {
             Py_DECREF(cache);
-            PyErr_SetString(PyExc_TypeError, "row.cache must be a dict");
+            PyErr_SetString(PyExc_TypeError, "entry.cache must be a dict");
             return NULL;
         }
-        PyObject *multi = PyObject_GetAttr(row, str_multi_output);
+        PyObject *multi = PyObject_GetAttr(op_entry, str_multi_output);
         int is_multi = multi == NULL ? -1 : PyObject_IsTrue(multi);
         Py_XDECREF(multi);
         if (is_multi < 0) {
             Py_DECREF(cache);
             return NULL;
         }
-        Py_XSETREF(row_table[slot].cache, cache);
-        Py_XSETREF(row_table[slot].row, Py_NewRef(row));
-        row_table[slot].multi_output = is_multi;
+        Py_XSETREF(entry_table[slot].cache, cache);
+        Py_XSETREF(entry_table[slot].entry, Py_NewRef(op_entry));
+        entry_table[slot].multi_output = is_multi;
     }
-    *multi_output = row_table[slot].multi_output;
-    return row_table[slot].cache;
+    *multi_output = entry_table[slot].multi_output;
+    return entry_table[slot].cache;
 }
 
 static void
-forget_row(PyObject *row)
+forget_entry(PyObject *op_entry)
 {
-    size_t slot = ((size_t)row >> 4) % ROW_SLOTS;
-    if (row_table[slot].row == row) {
-        Py_CLEAR(row_table[slot].row);
-        Py_CLEAR(row_table[slot].cache);
+    size_t slot = ((size_t)op_entry >> 4) % ENTRY_SLOTS;
+    if (entry_table[slot].entry == op_entry) {
+        Py_CLEAR(entry_table[slot].entry);
+        Py_CLEAR(entry_table[slot].cache);
     }
 }
 
@@ -732,7 +732,7 @@ output_node(Node *node, Py_ssize_t index, PyObject *site)
     PyObject *output = NULL;
     if (attrs != NULL && spec != NULL) {
         PyObject *source = (PyObject *)node;
-        output = (PyObject *)new_node(next_id++, access_row, &source, 1, attrs,
+        output = (PyObject *)new_node(next_id++, access_entry, &source, 1, attrs,
                                       spec, site);
         if (output != NULL) {
             node->consumers++;
@@ -766,12 +766,12 @@ outputs_of(Node *node, PyObject *site)
 }
 
 PyDoc_STRVAR(record_doc,
-"record(row, inputs, attrs, site=<the caller's caller>)\n--\n\n"
-"Record op-table ``row`` applied to ``inputs`` (a tuple of operands) with\n"
+"record(entry, inputs, attrs, site=<the caller's caller>)\n--\n\n"
+"Record op entry ``entry`` applied to ``inputs`` (a tuple of operands) with\n"
 "``attrs`` (a tuple of its other arguments), at ``site`` ((code, line) or\n"
 "None; by default the frame that called the generated wrapper calling\n"
 "record, the user's); returns a VirtualNode, or a\n"
-"list of them for a multi-output row.  Raises NotLazy for an operand the\n"
+"list of them for a multi-output entry.  Raises NotLazy for an operand the\n"
 "recorder cannot describe, and TensorFlow's error (noting the user's line)\n"
 "for an op that cannot run on these operands.");
 
@@ -821,14 +821,14 @@ shared_attrs(PyObject *attrs)
 }
 
 /* The record cache: the output spec and the shared attributes of recent
- * signatures, found without building the cache key.  ``row.cache`` stays
+ * signatures, found without building the cache key.  ``entry.cache`` stays
  * the record of every signature (shape inference fills it); this table
  * answers the common case in front of it: an op whose operands are at
  * most RECORD_OPERANDS and whose attributes are a flat tuple of plain
  * items (shared_attrs' condition).  Building, hashing and comparing the
  * key tuples (the attributes, their types, the operand specs) and then
  * sharing the attributes by a second lookup were most of record's own
- * time.  An entry is keyed by the row and the operand specs by identity
+ * time.  An entry is keyed by the op entry and the operand specs by identity
  * (specs are interned) and by the attributes item by item (same type and
  * equal); it holds references to all of them, so no key's address is
  * reused while it is cached.  Direct-mapped: a collision replaces. */
@@ -836,7 +836,7 @@ shared_attrs(PyObject *attrs)
 #define RECORD_OPERANDS 4
 typedef struct {
     Py_uhash_t hash;
-    PyObject *row, *attrs, *spec;
+    PyObject *op_entry, *attrs, *spec;
     Py_ssize_t count;
     PyObject *specs[RECORD_OPERANDS];
 } RecordEntry;
@@ -873,10 +873,10 @@ operand_specs(PyObject *inputs, PyObject **specs)
 /* The hash of a signature, or -1 with an exception set (an unhashable
  * item: never, for plain items). */
 static Py_hash_t
-record_hash(PyObject *row, PyObject *attrs, PyObject *const *specs,
+record_hash(PyObject *op_entry, PyObject *attrs, PyObject *const *specs,
             Py_ssize_t count)
 {
-    Py_uhash_t hash = (Py_uhash_t)row >> 4;
+    Py_uhash_t hash = (Py_uhash_t)op_entry >> 4;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attrs); i++) {
         Py_hash_t item = PyObject_Hash(PyTuple_GET_ITEM(attrs, i));
         if (item == -1)
@@ -892,10 +892,10 @@ record_hash(PyObject *row, PyObject *attrs, PyObject *const *specs,
 
 /* 1 if ``entry`` is this signature's, 0 if not, -1 with an exception set. */
 static int
-record_entry_is(RecordEntry *entry, Py_uhash_t hash, PyObject *row,
+record_entry_is(RecordEntry *entry, Py_uhash_t hash, PyObject *op_entry,
                 PyObject *attrs, PyObject *const *specs, Py_ssize_t count)
 {
-    if (entry->row != row || entry->hash != hash || entry->count != count)
+    if (entry->op_entry != op_entry || entry->hash != hash || entry->count != count)
         return 0;
     for (Py_ssize_t i = 0; i < count; i++)
         if (entry->specs[i] != specs[i])
@@ -920,16 +920,16 @@ record_entry_is(RecordEntry *entry, Py_uhash_t hash, PyObject *row,
 }
 
 static void
-record_entry_set(RecordEntry *entry, Py_uhash_t hash, PyObject *row,
+record_entry_set(RecordEntry *entry, Py_uhash_t hash, PyObject *op_entry,
                  PyObject *attrs, PyObject *spec, PyObject *const *specs,
                  Py_ssize_t count)
 {
     Py_ssize_t old_count = entry->count;
-    PyObject *old[3 + RECORD_OPERANDS] = {entry->row, entry->attrs, entry->spec};
+    PyObject *old[3 + RECORD_OPERANDS] = {entry->op_entry, entry->attrs, entry->spec};
     for (Py_ssize_t i = 0; i < old_count; i++)
         old[3 + i] = entry->specs[i];
     entry->hash = hash;
-    entry->row = Py_NewRef(row);
+    entry->op_entry = Py_NewRef(op_entry);
     entry->attrs = Py_NewRef(attrs);
     entry->spec = Py_NewRef(spec);
     entry->count = count;
@@ -963,11 +963,11 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             || (nargs == 4 && args[3] != Py_None
                 && !(PyTuple_Check(args[3]) && PyTuple_GET_SIZE(args[3]) == 2))) {
         PyErr_SetString(PyExc_TypeError,
-                        "record(row, inputs, attrs[, site]) takes an op-table "
-                        "row, two tuples and a (code, line) tuple or None");
+                        "record(entry, inputs, attrs[, site]) takes an op "
+                        "entry, two tuples and a (code, line) tuple or None");
         return NULL;
     }
-    PyObject *row = args[0], *inputs = args[1];
+    PyObject *op_entry = args[0], *inputs = args[1];
     PyObject *attrs = Py_NewRef(args[2]);
     PyObject *key = NULL, *spec = NULL, *site = NULL;
     PyObject *result = NULL;
@@ -979,18 +979,18 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_hash_t hash = 0;
 
     /* Held: shape inference below runs Python code. */
-    PyObject *cache = Py_XNewRef(row_cache(row, &is_multi));
+    PyObject *cache = Py_XNewRef(entry_cache(op_entry, &is_multi));
     if (cache == NULL)
         goto done;
     if (cacheable(inputs, attrs)) {
         if (operand_specs(inputs, specs) < 0)
             goto done;
         spec_count = PyTuple_GET_SIZE(inputs);
-        hash = record_hash(row, attrs, specs, spec_count);
+        hash = record_hash(op_entry, attrs, specs, spec_count);
         if (hash == -1)
             goto done;
         entry = &record_cache[((Py_uhash_t)hash >> 3) % RECORD_SLOTS];
-        int found = record_entry_is(entry, hash, row, attrs, specs, spec_count);
+        int found = record_entry_is(entry, hash, op_entry, attrs, specs, spec_count);
         if (found < 0)
             goto done;
         if (found) {
@@ -1033,12 +1033,12 @@ known:
         goto done;
     if (spec == NULL) {
         /* A new signature: run the op once on stand-ins (rare). */
-        spec = PyObject_CallFunctionObjArgs(infer, row, inputs, attrs, key,
+        spec = PyObject_CallFunctionObjArgs(infer, op_entry, inputs, attrs, key,
                                             site, NULL);
         if (spec == NULL)
             goto done;
-        forget_row(row);
-        if (row_cache(row, &is_multi) == NULL)
+        forget_entry(op_entry);
+        if (entry_cache(op_entry, &is_multi) == NULL)
             goto done;
     }
     if (key != NULL) {   /* (not found in the record cache) */
@@ -1046,9 +1046,9 @@ known:
         if (attrs == NULL)
             goto done;
         if (entry != NULL)
-            record_entry_set(entry, hash, row, attrs, spec, specs, spec_count);
+            record_entry_set(entry, hash, op_entry, attrs, spec, specs, spec_count);
     }
-    node = new_node(next_id++, row, PySequence_Fast_ITEMS(inputs),
+    node = new_node(next_id++, op_entry, PySequence_Fast_ITEMS(inputs),
                     PyTuple_GET_SIZE(inputs), attrs, spec, site);
     if (node == NULL)
         goto done;
@@ -1073,7 +1073,7 @@ done:
 }
 
 PyDoc_STRVAR(setup_doc,
-"setup(context, spec_of_foreign, infer, freeze, access_row, scalar_specs,\n"
+"setup(context, spec_of_foreign, infer, freeze, access_entry, scalar_specs,\n"
 "      variable_types, eager_tensor_type)\n--\n\n"
 "Give record() the context object, its Python callbacks, the tables of\n"
 "spec_of_foreign's fast cases (a dict by type and a set of types) and\n"
@@ -1084,7 +1084,7 @@ static PyObject *
 setup(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"context", "spec_of_foreign", "infer",
-                               "freeze", "access_row", "scalar_specs",
+                               "freeze", "access_entry", "scalar_specs",
                                "variable_types", "eager_tensor_type", NULL};
     PyObject *given[8];
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO!O!O!:setup",
@@ -1101,7 +1101,7 @@ setup(PyObject *module, PyObject *args, PyObject *kwargs)
         }
     }
     PyObject **fields[] = {&context, &spec_of_foreign, &infer, &freeze,
-                           &access_row, &scalar_specs, &variable_types,
+                           &access_entry, &scalar_specs, &variable_types,
                            &eager_tensor_type};
     for (int i = 0; i < 8; i++)
         Py_XSETREF(*fields[i], Py_NewRef(given[i]));

@@ -153,7 +153,7 @@ scope_leftovers(PyObject *module, PyObject *args)
             continue;
         Node *node = (Node *)item;
         Node *source = node;   /* an access node goes with its source */
-        if (access_row != NULL && node->row == access_row && node->input_count > 0
+        if (access_entry != NULL && node->entry == access_entry && node->input_count > 0
                 && is_node(node_input(node, 0)))
             source = (Node *)node_input(node, 0);
         if (node->swallowed || source->swallowed)
@@ -1011,11 +1011,11 @@ idmap_put(IdMap *map, long long id, Py_ssize_t value)
 }
 
 /* What BatchGraph's Python gives per call: the callbacks of the rare cases
- * and per-call caches (by row, by operand type). */
+ * and per-call caches (by op entry, by operand type). */
 typedef struct {
-    PyObject *access_row, *row_info, *kind_of,
+    PyObject *access_entry, *entry_info, *kind_of,
              *spec_of_foreign, *value_key, *take_output;
-    PyObject *row_cache, *kind_cache, *str_shared;
+    PyObject *entry_cache, *kind_cache, *str_shared;
 } Describe;
 
 /* The kinds of a foreign operand kind_of gives (by its type). */
@@ -1037,24 +1037,25 @@ operand_kind(Describe *d, PyObject *operand)
     return (int)value;
 }
 
-/* (index_positions, gathers) of a row, from row_info, cached per row. */
+/* (index_positions, gathers) of an op entry, from entry_info, cached per
+ * entry. */
 static PyObject *
-row_entry(Describe *d, PyObject *row)
+info_of_entry(Describe *d, PyObject *op_entry)
 {
-    PyObject *entry = memo(d->row_cache, row, d->row_info, row);
-    if (entry != NULL && (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)) {
+    PyObject *info = memo(d->entry_cache, op_entry, d->entry_info, op_entry);
+    if (info != NULL && (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 2)) {
         PyErr_SetString(PyExc_TypeError,
-                        "row_info must give (index_positions, gathers)");
+                        "entry_info must give (index_positions, gathers)");
         return NULL;
     }
-    return entry;
+    return info;
 }
 
 /* A node's signature and identity are C values, compared and hashed here:
  * the Python tuple of a signature (graph.signatures) is made once per type,
  * not once per node, since allocating and freeing a handful of tuples per
  * node was most of this loop's cost.  Equal means what it meant for those
- * tuples: rows, specs and shared tensors by identity, numbers and value
+ * tuples: op entries, specs and shared tensors by identity, numbers and value
  * keys by ``==`` (an object equals itself). */
 
 /* One operand's part of the signature (a new reference each). */
@@ -1258,10 +1259,10 @@ slots_init(Slots *slots, Py_ssize_t count)
     return 0;
 }
 
-/* The types seen: per type, its representative's row and attrs, and its
- * parts (in ``parts``, from ``first``).  References held. */
+/* The types seen: per type, its representative's op entry and attrs, and
+ * its parts (in ``parts``, from ``first``).  References held. */
 typedef struct {
-    PyObject *row, *attrs;
+    PyObject *op_entry, *attrs;
     Py_uhash_t hash;
     Py_ssize_t first, count;
 } TypeEntry;
@@ -1302,7 +1303,7 @@ static void
 type_table_free(TypeTable *types)
 {
     for (Py_ssize_t t = 0; t < types->size; t++) {
-        Py_DECREF(types->items[t].row);
+        Py_DECREF(types->items[t].op_entry);
         Py_DECREF(types->items[t].attrs);
     }
     parts_release(&types->parts, 0);
@@ -1337,19 +1338,19 @@ work_table_free(WorkTable *work)
     PyMem_Free(work->slots.slots);
 }
 
-/* The signature's hash: row, attrs (with their types), parts. */
+/* The signature's hash: op entry, attrs (with their types), parts. */
 static int
 signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
 {
-    if (node->row == NULL || node->attrs == NULL || !PyTuple_Check(node->attrs)) {
+    if (node->entry == NULL || node->attrs == NULL || !PyTuple_Check(node->attrs)) {
         /* (changed by a callback since describe_node checked them) */
-        PyErr_Format(PyExc_TypeError, "node %lld has no row or attrs tuple", node->id);
+        PyErr_Format(PyExc_TypeError, "node %lld has no op entry or attrs tuple", node->id);
         return -1;
     }
     Py_hash_t attrs = PyObject_Hash(node->attrs);
     if (attrs == -1)
         return -1;
-    *hash = mix(pointer_hash(node->row), (Py_uhash_t)attrs);
+    *hash = mix(pointer_hash(node->entry), (Py_uhash_t)attrs);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(node->attrs); i++)
         *hash = mix(*hash, pointer_hash(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
     for (Py_ssize_t i = 0; i < parts->size; i++) {
@@ -1363,7 +1364,7 @@ static int
 same_signature(const TypeTable *types, const TypeEntry *entry, Node *node,
                const PartArray *parts)
 {
-    if (entry->row != node->row || entry->count != parts->size)
+    if (entry->op_entry != node->entry || entry->count != parts->size)
         return 0;
     Py_ssize_t attr_count = PyTuple_GET_SIZE(node->attrs);
     if (PyTuple_GET_SIZE(entry->attrs) != attr_count)
@@ -1379,7 +1380,7 @@ same_signature(const TypeTable *types, const TypeEntry *entry, Node *node,
     return equal;
 }
 
-/* The signature tuple BatchGraph gives (row, attrs, attr types, a part per
+/* The signature tuple BatchGraph gives (op entry, attrs, attr types, a part per
  * operand) and the shared-operand flags, for a new type. */
 static int
 signature_tuples(Describe *d, Node *node, const PartArray *parts,
@@ -1393,7 +1394,7 @@ signature_tuples(Describe *d, Node *node, const PartArray *parts,
         goto fail;
     for (Py_ssize_t i = 0; i < attr_count; i++)
         PyTuple_SET_ITEM(types, i, Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
-    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->row));
+    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->entry));
     PyTuple_SET_ITEM(signature, 1, Py_NewRef(node->attrs));
     PyTuple_SET_ITEM(signature, 2, types);
     types = NULL;
@@ -1472,7 +1473,7 @@ intern_type(Describe *d, TypeTable *types, Node *node, PartArray *parts,
         types->parts.items[types->parts.size++] = parts->items[i];
     }
     parts->size = 0;   /* the references are the table's now */
-    types->items[types->size] = (TypeEntry){Py_NewRef(node->row), Py_NewRef(node->attrs),
+    types->items[types->size] = (TypeEntry){Py_NewRef(node->entry), Py_NewRef(node->attrs),
                                             hash, first, types->parts.size - first};
     types->slots.slots[slot] = (int)types->size;
     return types->size++;
@@ -1580,7 +1581,7 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             Py_ssize_t index = idmap_get(index_of, source->id);
             PyObject *pick = Py_None;
             Py_ssize_t pick_number = -1;
-            if (source->row == d->access_row && index >= 0) {
+            if (source->entry == d->access_entry && index >= 0) {
                 /* Read the picked output of the multi-output node. */
                 if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
                         || source->input_count < 1 || !is_node(node_input(source, 0))) {
@@ -1680,7 +1681,7 @@ fail:
 }
 
 /* Whether a node's work is never shared (a lookup of a variable's rows):
- * row_info's ``gathers`` is a bool, or the position of the operand that
+ * entry_info's ``gathers`` is a bool, or the position of the operand that
  * makes it so when it is a variable, or None. */
 static int
 keeps_own_row(Describe *d, Node *node, PyObject *gathers)
@@ -1704,7 +1705,7 @@ keeps_own_row(Describe *d, Node *node, PyObject *gathers)
 }
 
 PyDoc_STRVAR(describe_graph_doc,
-"describe_graph(nodes, access_row, row_info, kind_of,\n"
+"describe_graph(nodes, access_entry, entry_info, kind_of,\n"
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
 "BatchGraph's loop over its nodes (see batcher/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
@@ -1718,7 +1719,7 @@ describe_graph(PyObject *module, PyObject *args)
     PyObject *nodes;
     Describe d = {0};
     if (!PyArg_ParseTuple(args, "O!OOOOOO:describe_graph", &PyList_Type,
-                          &nodes, &d.access_row, &d.row_info,
+                          &nodes, &d.access_entry, &d.entry_info,
                           &d.kind_of, &d.spec_of_foreign, &d.value_key,
                           &d.take_output))
         return NULL;
@@ -1745,7 +1746,7 @@ describe_graph(PyObject *module, PyObject *args)
     OperandTable *table = operand_table_new(count);
     PyObject *signatures = PyList_New(0), *shared_operand = PyList_New(0);
     PyObject *result = NULL;
-    d.row_cache = PyDict_New();
+    d.entry_cache = PyDict_New();
     d.kind_cache = PyDict_New();
     d.str_shared = PyUnicode_InternFromString("shared");
     if (type_of == NULL || duplicate_of == NULL) {
@@ -1753,7 +1754,7 @@ describe_graph(PyObject *module, PyObject *args)
         goto done;
     }
     if (table == NULL || signatures == NULL
-            || shared_operand == NULL || d.row_cache == NULL
+            || shared_operand == NULL || d.entry_cache == NULL
             || d.kind_cache == NULL || d.str_shared == NULL
             || idmap_init(&index_of, nodes) < 0
             || slots_init(&types.slots, count) < 0
@@ -1763,11 +1764,11 @@ describe_graph(PyObject *module, PyObject *args)
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, index);
         if (index + 6 < count)
             prefetch_node(PyTuple_GET_ITEM(nodes, index + 6));
-        if (node->row == NULL) {
-            PyErr_Format(PyExc_TypeError, "node %lld has no row", node->id);
+        if (node->entry == NULL) {
+            PyErr_Format(PyExc_TypeError, "node %lld has no op entry", node->id);
             goto done;
         }
-        if (node->row == d.access_row) {
+        if (node->entry == d.access_entry) {
             if (node->input_count < 1 || !is_node(node_input(node, 0))) {
                 PyErr_SetString(PyExc_TypeError, "a malformed access node");
                 goto done;
@@ -1798,14 +1799,14 @@ describe_graph(PyObject *module, PyObject *args)
             continue;
         }
         idmap_put(&index_of, node->id, index);
-        PyObject *entry = row_entry(&d, node->row);
-        if (entry == NULL)
+        PyObject *info = info_of_entry(&d, node->entry);
+        if (info == NULL)
             goto done;
         if (describe_node(&d, node, &index_of, duplicate_of,
-                          PyTuple_GET_ITEM(entry, 0), &parts, &idents, table) < 0
+                          PyTuple_GET_ITEM(info, 0), &parts, &idents, table) < 0
                 || operand_table_end_node(table) < 0)
             goto done;
-        int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(entry, 1));
+        int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(info, 1));
         if (own < 0)
             goto done;
         Py_ssize_t node_type_index = intern_type(&d, &types, node, &parts, signatures,
@@ -1845,7 +1846,7 @@ done:
     Py_XDECREF(table);
     Py_XDECREF(signatures);
     Py_XDECREF(shared_operand);
-    Py_XDECREF(d.row_cache);
+    Py_XDECREF(d.entry_cache);
     Py_XDECREF(d.kind_cache);
     Py_XDECREF(d.str_shared);
     Py_DECREF(nodes);

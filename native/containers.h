@@ -72,7 +72,7 @@ int_push(IntArray *array, Py_ssize_t value)
 
 /* ``fill(argument)``, called once per ``key`` of the dict ``cache``: a
  * borrowed reference (the cache holds it), or NULL with an exception set.
- * For the rare-case callbacks the passes ask about a row or an operand
+ * For the rare-case callbacks the passes ask about an op entry or an operand
  * type, which thousands of nodes share. */
 static inline PyObject *
 memo(PyObject *cache, PyObject *key, PyObject *fill, PyObject *argument)

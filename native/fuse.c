@@ -5,16 +5,16 @@
  * why).  This runs over every pattern node of every minibatch. */
 #include "containers.h"
 
-static PyObject *str_row, *str_pattern, *str_output, *str_argument;
+static PyObject *str_entry, *str_pattern, *str_output, *str_argument;
 
-/* Row kinds row_kind gives (bits). */
+/* Entry kinds entry_kind gives (bits). */
 enum { MULTI_OUTPUT = 1, PRODUCER = 2 };
 
-/* row_kind(row), cached per row for the call. */
+/* entry_kind(entry), cached per op entry for the call. */
 static int
-kind_of_row(PyObject *row, PyObject *row_kind, PyObject *cache)
+kind_of_entry(PyObject *entry, PyObject *entry_kind, PyObject *cache)
 {
-    PyObject *kind = memo(cache, row, row_kind, row);
+    PyObject *kind = memo(cache, entry, entry_kind, entry);
     if (kind == NULL)
         return -1;
     long value = PyLong_AsLong(kind);
@@ -26,7 +26,7 @@ kind_of_row(PyObject *row, PyObject *row_kind, PyObject *cache)
 /* The last recorded multi-output pattern node (a plain one, not joined)
  * whose outputs ``node`` reads through access nodes, or NULL (borrowed). */
 static Node *
-latest_producer(Node *node, PyObject *access_row, PyObject *row_kind,
+latest_producer(Node *node, PyObject *access_entry, PyObject *entry_kind,
                 PyObject *cache, int *error)
 {
     Node *latest = NULL;
@@ -35,12 +35,12 @@ latest_producer(Node *node, PyObject *access_row, PyObject *row_kind,
         if (!is_node(operand))
             continue;
         Node *access = (Node *)operand;
-        if (access->row != access_row || access->input_count == 0)
+        if (access->entry != access_entry || access->input_count == 0)
             continue;   /* (an evaluated access node has no inputs) */
         PyObject *source = node_input(access, 0);
         if (!is_node(source))
             continue;
-        int kind = kind_of_row(((Node *)source)->row, row_kind, cache);
+        int kind = kind_of_entry(((Node *)source)->entry, entry_kind, cache);
         if (kind < 0) {
             *error = 1;
             return NULL;
@@ -122,13 +122,13 @@ feeds(Node *node, Node *producer)
  * joinable, 0 if joining would make the pair wait for something the
  * producer does not, -1 with an exception set. */
 static int
-wiring_codes(Node *consumer, Node *producer, PyObject *access_row,
+wiring_codes(Node *consumer, Node *producer, PyObject *access_entry,
              Py_ssize_t *codes, PtrArray *extras)
 {
     Py_ssize_t arguments = producer->input_count;
     for (Py_ssize_t i = 0; i < consumer->input_count; i++) {
         PyObject *operand = node_input(consumer, i);
-        if (is_node(operand) && ((Node *)operand)->row == access_row
+        if (is_node(operand) && ((Node *)operand)->entry == access_entry
                 && ((Node *)operand)->input_count > 0
                 && node_input((Node *)operand, 0) == (PyObject *)producer) {
             PyObject *attrs = ((Node *)operand)->attrs;
@@ -167,20 +167,20 @@ wiring_tuple(const Py_ssize_t *codes, Py_ssize_t count)
 {
     PyObject *wiring = PyTuple_New(count);
     for (Py_ssize_t i = 0; wiring != NULL && i < count; i++) {
-        PyObject *entry = codes[i] < 0 ? Py_BuildValue("(On)", str_output, -codes[i] - 1)
-                                       : Py_BuildValue("(On)", str_argument, codes[i]);
-        if (entry == NULL)
+        PyObject *item = codes[i] < 0 ? Py_BuildValue("(On)", str_output, -codes[i] - 1)
+                                      : Py_BuildValue("(On)", str_argument, codes[i]);
+        if (item == NULL)
             Py_CLEAR(wiring);
         else
-            PyTuple_SET_ITEM(wiring, i, entry);
+            PyTuple_SET_ITEM(wiring, i, item);
     }
     return wiring;
 }
 
-/* The joined pattern for a pair of rows wired by ``codes``: from ``memo``
- * (this call's, keyed by the rows' addresses and the codes), else from
- * ``fused`` (by the Python key), else made by ``make_fused``.  A new
- * reference to the pattern, or NULL with an exception set. */
+/* The joined pattern for a pair of op entries wired by ``codes``: from
+ * ``memo`` (this call's, keyed by the entries' addresses and the codes),
+ * else from ``fused`` (by the Python key), else made by ``make_fused``.  A
+ * new reference to the pattern, or NULL with an exception set. */
 static PyObject *
 joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
                Py_ssize_t extra_count, PyObject *memo, PyObject *fused,
@@ -191,8 +191,8 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
     Py_ssize_t *packed = PyMem_New(Py_ssize_t, words);
     if (packed == NULL)
         return PyErr_NoMemory();
-    packed[0] = (Py_ssize_t)producer->row;
-    packed[1] = (Py_ssize_t)consumer->row;
+    packed[0] = (Py_ssize_t)producer->entry;
+    packed[1] = (Py_ssize_t)consumer->entry;
     packed[2] = extra_count;
     memcpy(packed + 3, codes, count * sizeof(Py_ssize_t));
     PyObject *quick = PyBytes_FromStringAndSize((const char *)packed,
@@ -205,9 +205,9 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
         Py_DECREF(quick);
         return pair;
     }
-    PyObject *producer_pattern = PyObject_GetAttr(producer->row, str_pattern);
+    PyObject *producer_pattern = PyObject_GetAttr(producer->entry, str_pattern);
     PyObject *consumer_pattern = producer_pattern == NULL ? NULL
-                                 : PyObject_GetAttr(consumer->row, str_pattern);
+                                 : PyObject_GetAttr(consumer->entry, str_pattern);
     PyObject *wiring = consumer_pattern == NULL ? NULL : wiring_tuple(codes, count);
     PyObject *key = wiring == NULL ? NULL
         : PyTuple_Pack(3, producer_pattern, consumer_pattern, wiring);
@@ -218,8 +218,8 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
     if (pair == NULL && key != NULL && !PyErr_Occurred())
         pair = PyObject_CallFunction(make_fused, "On", key, extra_count);
     Py_XDECREF(key);
-    /* (The rows in a key stay alive, so their addresses stay theirs, for
-     * the call: each is a pattern's row, which its pattern holds.) */
+    /* (The entries in a key stay alive, so their addresses stay theirs, for
+     * the call: each is a pattern's entry, which its pattern holds.) */
     if (pair != NULL && PyDict_SetItem(memo, quick, pair) < 0)
         Py_CLEAR(pair);
     Py_DECREF(quick);
@@ -231,13 +231,13 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
  * consumer's becomes an access to its last output. */
 static int
 join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
-     PyObject *access_row)
+     PyObject *access_entry)
 {
-    PyObject *row = PyObject_GetAttr(fused, str_row);
-    PyObject *specs = row == NULL ? NULL
+    PyObject *entry = PyObject_GetAttr(fused, str_entry);
+    PyObject *specs = entry == NULL ? NULL
         : PySequence_Fast(producer->spec, "a multi-output node's spec is a tuple");
     if (specs == NULL) {
-        Py_XDECREF(row);
+        Py_XDECREF(entry);
         return -1;
     }
     Py_ssize_t outputs = PySequence_Fast_GET_SIZE(specs);
@@ -265,33 +265,33 @@ join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
     PyMem_Free(inputs);
     Py_DECREF(specs);
     if (failed) {
-        Py_DECREF(row);
+        Py_DECREF(entry);
         Py_XDECREF(spec);
         Py_XDECREF(attrs);
         return -1;
     }
-    Py_XSETREF(producer->row, row);
+    Py_XSETREF(producer->entry, entry);
     Py_XSETREF(producer->spec, spec);
-    Py_XSETREF(consumer->row, Py_NewRef(access_row));
+    Py_XSETREF(consumer->entry, Py_NewRef(access_entry));
     Py_XSETREF(consumer->attrs, attrs);
     return 0;
 }
 
 PyDoc_STRVAR(fuse_doc,
-"fuse(pattern_nodes, fused, make_fused, row_kind, access_row)\n--\n\n"
+"fuse(pattern_nodes, fused, make_fused, entry_kind, access_entry)\n--\n\n"
 "Join each of ``pattern_nodes`` (in recording order) to the multi-output\n"
 "pattern node whose outputs it reads, where that delays nothing (see\n"
 "search.py).  ``fused`` maps (producer pattern, consumer pattern, wiring)\n"
 "to a joined pattern, ``make_fused(key, extra_count)`` makes one for a new\n"
-"key (and stores it); ``row_kind(row)`` gives bits: 1 multi-output, 2 a\n"
+"key (and stores it); ``entry_kind(entry)`` gives bits: 1 multi-output, 2 a\n"
 "pattern that can be joined to.  Returns the joined pattern of each join.");
 
 static PyObject *
 fuse(PyObject *module, PyObject *args)
 {
-    PyObject *given, *fused, *make_fused, *row_kind, *access_row;
+    PyObject *given, *fused, *make_fused, *entry_kind, *access_entry;
     if (!PyArg_ParseTuple(args, "OO!OOO:fuse", &given, &PyDict_Type, &fused,
-                          &make_fused, &row_kind, &access_row))
+                          &make_fused, &entry_kind, &access_entry))
         return NULL;
     /* Our own tuple: callbacks run Python code, which could change a list. */
     PyObject *nodes = PySequence_Tuple(given);
@@ -314,12 +314,12 @@ fuse(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < count; i++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i);
         prefetch_ahead(nodes, i, count);
-        int kind = kind_of_row(node->row, row_kind, cache), error = 0;
+        int kind = kind_of_entry(node->entry, entry_kind, cache), error = 0;
         if (kind < 0)
             goto fail;
         if (kind & MULTI_OUTPUT)
             continue;   /* its outputs' accesses would nest */
-        Node *producer = latest_producer(node, access_row, row_kind, cache, &error);
+        Node *producer = latest_producer(node, access_entry, entry_kind, cache, &error);
         if (error)
             goto fail;
         if (producer == NULL)
@@ -328,7 +328,7 @@ fuse(PyObject *module, PyObject *args)
             if (array_grow((void **)&codes, &code_capacity, sizeof(Py_ssize_t)) < 0)
                 goto fail;
         extras.size = 0;
-        int joinable = wiring_codes(node, producer, access_row, codes, &extras);
+        int joinable = wiring_codes(node, producer, access_entry, codes, &extras);
         if (joinable <= 0) {
             if (joinable < 0)
                 goto fail;
@@ -341,7 +341,7 @@ fuse(PyObject *module, PyObject *args)
             Py_INCREF(extras.items[k]);
         PyObject *pair = joined_pattern(node, producer, codes, extras.size, memo,
                                         fused, make_fused);
-        int failed = pair == NULL || join(node, producer, pair, &extras, access_row) < 0
+        int failed = pair == NULL || join(node, producer, pair, &extras, access_entry) < 0
                      || PyList_Append(joined, pair) < 0;
         Py_XDECREF(pair);
         Py_DECREF(producer);
@@ -374,11 +374,11 @@ static PyMethodDef fuse_methods[] = {
 int
 add_fuse_functions(PyObject *module)
 {
-    str_row = PyUnicode_InternFromString("row");
+    str_entry = PyUnicode_InternFromString("entry");
     str_pattern = PyUnicode_InternFromString("pattern");
     str_output = PyUnicode_InternFromString("output");
     str_argument = PyUnicode_InternFromString("argument");
-    if (str_row == NULL || str_pattern == NULL || str_output == NULL
+    if (str_entry == NULL || str_pattern == NULL || str_output == NULL
             || str_argument == NULL)
         return -1;
     return PyModule_AddFunctions(module, fuse_methods);

@@ -13,11 +13,11 @@
  * "child" or "output" instruction loads a new one, numbered in order.  The
  * instructions (each a tuple, the opcode first):
  *
- *   ("op", r, row, arity, attrs, attr_types or None, outside, spec_label)
- *       node r runs ``row`` on ``arity`` operands with ``attrs`` (and, if
- *       given, attributes of exactly those types), has that spec label, and,
- *       if ``outside`` is true, may be inside a pattern (one consumer, not
- *       required)
+ *   ("op", r, entry, arity, attrs, attr_types or None, outside, spec_label)
+ *       node r runs op entry ``entry`` on ``arity`` operands with ``attrs``
+ *       (and, if given, attributes of exactly those types), has that spec
+ *       label, and, if ``outside`` is true, may be inside a pattern (one
+ *       consumer, not required)
  *   ("child", r, position, target)       operand ``position`` of node r is a
  *                                         node: register ``target``
  *   ("identity", r, position, kind, address)   ... is no node but the very
@@ -68,7 +68,7 @@ typedef struct {
     Py_ssize_t number;     /* op: arity; operand checks: the position */
     int flag;              /* op: outside; input, output: deep */
     void *address;         /* identity */
-    PyObject *row;         /* op: the row; input, output: ACCESS */
+    PyObject *entry;       /* op: the op entry; input, output: ACCESS */
     PyObject *attrs;       /* op: attrs; output: the index */
     PyObject *types;       /* op: attribute types, or NULL; constant: the type */
     PyObject *label;       /* op: spec label; input, label: label;
@@ -100,7 +100,7 @@ program_dealloc(PyObject *self)
     PyTypeObject *type = Py_TYPE(self);
     for (Py_ssize_t i = 0; i < program->count; i++) {
         Instruction *in = &program->code[i];
-        Py_XDECREF(in->row);
+        Py_XDECREF(in->entry);
         Py_XDECREF(in->attrs);
         Py_XDECREF(in->types);
         Py_XDECREF(in->label);
@@ -181,7 +181,7 @@ read_instruction(PyObject *item, Py_ssize_t k, Py_ssize_t *registers,
         }
         if ((in->flag = PyObject_IsTrue(PyTuple_GET_ITEM(item, 6))) < 0)
             return -1;
-        in->row = Py_NewRef(a);
+        in->entry = Py_NewRef(a);
         in->attrs = Py_NewRef(c);
         in->types = types == Py_None ? NULL : Py_NewRef(types);
         in->label = Py_NewRef(PyTuple_GET_ITEM(item, 7));
@@ -234,7 +234,7 @@ read_instruction(PyObject *item, Py_ssize_t k, Py_ssize_t *registers,
     case INPUT:
         if ((in->flag = PyObject_IsTrue(b)) < 0)
             return -1;
-        in->row = Py_NewRef(a);
+        in->entry = Py_NewRef(a);
         in->label = Py_NewRef(c);
         return 0;
     case OUTPUT:
@@ -249,7 +249,7 @@ read_instruction(PyObject *item, Py_ssize_t k, Py_ssize_t *registers,
             return -1;
         }
         ++*registers;
-        in->row = Py_NewRef(a);
+        in->entry = Py_NewRef(a);
         in->attrs = Py_NewRef(b);
         return 0;
     case SAME:
@@ -575,7 +575,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
         int same;
         switch (in->code) {
         case OP: {
-            if (node->row != in->row || operand_count(node) != in->number)
+            if (node->entry != in->entry || operand_count(node) != in->number)
                 return 0;
             if (node->attrs == NULL)
                 return 0;
@@ -649,7 +649,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
                 return 0;
             break;
         case INPUT: {
-            if (node->row == in->row) {
+            if (node->entry == in->entry) {
                 PyObject *source = operand_at(node, 0);
                 if (source != NULL) {
                     if (!is_node(source))
@@ -686,7 +686,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
         }
         case OUTPUT: {
             PyObject *attrs = node->attrs;
-            if (node->row != in->row || attrs == NULL || !PyTuple_Check(attrs)
+            if (node->entry != in->entry || attrs == NULL || !PyTuple_Check(attrs)
                     || PyTuple_GET_SIZE(attrs) == 0)
                 return 0;
             PyObject *source = operand_at(node, 0);
@@ -777,14 +777,14 @@ match(PyObject *module, PyObject *args)
 
 /* -- replace ------------------------------------------------------------------------ */
 
-/* Rewrites ``node`` into one node running the pattern of ``entry``
- * (program, row, argument_positions) after a match: its inputs become the
- * walk's inputs at the argument positions, and the subgraph's other nodes
- * are recorded as swallowed.  0, or -1 with an exception set. */
+/* Rewrites ``node`` into one node running the pattern of ``candidate``
+ * (program, op entry, argument_positions) after a match: its inputs become
+ * the walk's inputs at the argument positions, and the subgraph's other
+ * nodes are recorded as swallowed.  0, or -1 with an exception set. */
 static int
-rewrite(Node *node, PyObject *entry, Run *run)
+rewrite(Node *node, PyObject *candidate, Run *run)
 {
-    PyObject *positions = PyTuple_GET_ITEM(entry, 2);
+    PyObject *positions = PyTuple_GET_ITEM(candidate, 2);
     Py_ssize_t count = PyTuple_GET_SIZE(positions);
     PyObject *operands = PyTuple_New(count);
     if (operands == NULL)
@@ -814,7 +814,7 @@ rewrite(Node *node, PyObject *entry, Run *run)
         Py_XDECREF(no_attrs);
         return -1;
     }
-    Py_XSETREF(node->row, Py_NewRef(PyTuple_GET_ITEM(entry, 1)));
+    Py_XSETREF(node->entry, Py_NewRef(PyTuple_GET_ITEM(candidate, 1)));
     Py_XSETREF(node->attrs, no_attrs);
     return 0;
 }
@@ -870,32 +870,33 @@ enqueue(PyObject *const *operands, Py_ssize_t count, int unevaluated_only,
     return 0;
 }
 
-/* The candidates for a node: a tuple of (MatchProgram, row,
- * argument_positions) entries, checked on first use. */
+/* The candidates for a node: a tuple of (MatchProgram, op entry,
+ * argument_positions) triples, checked on first use. */
 static int
-check_candidates(PyObject *entries)
+check_candidates(PyObject *node_candidates)
 {
-    if (!PyTuple_Check(entries))
+    if (!PyTuple_Check(node_candidates))
         goto bad;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
-        PyObject *entry = PyTuple_GET_ITEM(entries, i);
-        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3
-                || !Py_IS_TYPE(PyTuple_GET_ITEM(entry, 0), program_type)
-                || !PyTuple_Check(PyTuple_GET_ITEM(entry, 2)))
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(node_candidates); i++) {
+        PyObject *candidate = PyTuple_GET_ITEM(node_candidates, i);
+        if (!PyTuple_Check(candidate) || PyTuple_GET_SIZE(candidate) != 3
+                || !Py_IS_TYPE(PyTuple_GET_ITEM(candidate, 0), program_type)
+                || !PyTuple_Check(PyTuple_GET_ITEM(candidate, 2)))
             goto bad;
     }
     return 0;
 bad:
-    PyErr_Format(PyExc_TypeError, "candidates must map a row to a tuple of "
-                 "(MatchProgram, row, argument positions), not %R", entries);
+    PyErr_Format(PyExc_TypeError, "candidates must map an op entry to a tuple "
+                 "of (MatchProgram, entry, argument positions), not %R",
+                 node_candidates);
     return -1;
 }
 
 PyDoc_STRVAR(replace_doc,
 "replace(roots, candidates, labels)\n--\n\n"
 "Stage 2 of the pattern search: a search from ``roots`` (nodes)\n"
-"tries each reached node's candidates (``candidates`` maps its row to a\n"
-"tuple of (MatchProgram, pattern row, argument positions), in the order\n"
+"tries each reached node's candidates (``candidates`` maps its op entry to\n"
+"a tuple of (MatchProgram, pattern entry, argument positions), in the order\n"
 "to try); the first that matches rewrites the node in place into one\n"
 "running the pattern on the walk's inputs at the argument positions,\n"
 "marks the subgraph's other nodes swallowed, and the search goes on\n"
@@ -942,13 +943,13 @@ replace(PyObject *module, PyObject *args)
 
     /* One run's arrays fit every candidate program. */
     Py_ssize_t registers = 1, length = 0, position = 0;
-    PyObject *row, *entries;
-    while (PyDict_Next(candidates, &position, &row, &entries)) {
-        if (check_candidates(entries) < 0)
+    PyObject *op_entry, *node_candidates;
+    while (PyDict_Next(candidates, &position, &op_entry, &node_candidates)) {
+        if (check_candidates(node_candidates) < 0)
             goto done;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entries); i++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(node_candidates); i++) {
             MatchProgram *program = (MatchProgram *)PyTuple_GET_ITEM(
-                PyTuple_GET_ITEM(entries, i), 0);
+                PyTuple_GET_ITEM(node_candidates, i), 0);
             registers = Py_MAX(registers, program->registers);
             length = Py_MAX(length, program->count);
         }
@@ -972,20 +973,21 @@ replace(PyObject *module, PyObject *args)
     while (pending.size > 0) {
         Node *node = (Node *)pending.items[--pending.size].node;
         prefetch_below(node);
-        entries = node->row == NULL ? NULL
-                  : PyDict_GetItemWithError(candidates, node->row);
-        if (entries == NULL && PyErr_Occurred())
+        node_candidates = node->entry == NULL ? NULL
+                          : PyDict_GetItemWithError(candidates, node->entry);
+        if (node_candidates == NULL && PyErr_Occurred())
             goto done;
         /* (A root fed a NumPy or list value never matches: collection
          * never walks one, so no pattern holds such a value.) */
-        for (Py_ssize_t i = 0; entries != NULL && i < PyTuple_GET_SIZE(entries); i++) {
-            PyObject *entry = PyTuple_GET_ITEM(entries, i);
-            int found = run_program((MatchProgram *)PyTuple_GET_ITEM(entry, 0),
+        for (Py_ssize_t i = 0; node_candidates != NULL
+                               && i < PyTuple_GET_SIZE(node_candidates); i++) {
+            PyObject *candidate = PyTuple_GET_ITEM(node_candidates, i);
+            int found = run_program((MatchProgram *)PyTuple_GET_ITEM(candidate, 0),
                                     node, &labels, &run);
             if (found < 0)
                 goto done;
             if (found) {   /* the first match wins: the largest pattern */
-                if (rewrite(node, entry, &run) < 0
+                if (rewrite(node, candidate, &run) < 0
                         || keyed_push(&replaced, node) < 0)
                     goto done;
                 break;

@@ -13,7 +13,7 @@
  *   (earlier nodes, tensors, variables, Python values); the passes that
  *   rewrite inputs (pattern matching and fusion in search.py) replace them
  *   with earlier nodes only, so a node never reaches itself;
- * - row, spec and site are shared, long-lived values (an op-table row, an
+ * - entry, spec and site are shared, long-lived values (an op entry, an
  *   interned Spec, a code object and line) that do not refer to nodes;
  * - result and batch hold tensors (or lists of them), batch_row an int.
  * tests/test_native.py checks that freed graphs leave nothing behind. */
@@ -32,7 +32,7 @@ typedef struct Node {
                                      computed only if asked for, not when
                                      its scope closes */
     unsigned int batched : 1;     /* ``value`` is (batch, row) */
-    PyObject *row;          /* the op-table row (OpRow) */
+    PyObject *entry;        /* the op entry (OpEntry) */
     PyObject *attrs;        /* the op's other arguments, hashable */
     PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
     /* None until evaluated; then the tf.Tensor (``result`` in Python), or,
@@ -117,7 +117,7 @@ unevaluated(Node *node)
     return node->value == Py_None;
 }
 
-extern PyObject *access_row;      /* the ACCESS row setup() was given, or NULL */
+extern PyObject *access_entry;    /* the ACCESS entry setup() was given, or NULL */
 
 /* A BatchGraph operand that is a recorded node (_native.c). */
 typedef struct {

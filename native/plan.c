@@ -109,7 +109,7 @@ access_number(Node *node, Py_ssize_t *number)
 /* The graph's lists, checked: nodes are VirtualNodes, type_of and
  * duplicate_of ints in range, operands the graph's OperandTable. */
 typedef struct {
-    PyObject *nodes, *access_row;
+    PyObject *nodes, *access_entry;
     OperandTable *operands;
     Py_ssize_t count, type_count;
     Py_ssize_t *type_of, *duplicate_of;
@@ -125,7 +125,7 @@ graph_free(Graph *graph)
 static int
 graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
            PyObject *duplicate_of, PyObject *operands, Py_ssize_t type_count,
-           PyObject *access_row)
+           PyObject *access_entry)
 {
     memset(graph, 0, sizeof(*graph));
     if (type_count < 0) {
@@ -147,7 +147,7 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
     }
     graph->nodes = nodes;
     graph->operands = (OperandTable *)operands;
-    graph->access_row = access_row;
+    graph->access_entry = access_entry;
     graph->type_count = type_count;
     graph->type_of = int_array(type_of, graph->count, -1, type_count, "type_of");
     if (graph->type_of == NULL)
@@ -192,7 +192,7 @@ int32_bytes(const int *items, Py_ssize_t count)
 
 PyDoc_STRVAR(read_outputs_doc,
 "read_outputs(nodes, type_of, duplicate_of, operands, type_count,\n"
-"             required_ids, access_row)\n--\n\n"
+"             required_ids, access_entry)\n--\n\n"
 "The set of (node type, output number) that some node needs: read by a\n"
 "node of the graph, or of a node nothing consumes or whose id is in\n"
 "``required_ids`` (see plan.py's outline).");
@@ -200,15 +200,15 @@ PyDoc_STRVAR(read_outputs_doc,
 static PyObject *
 read_outputs(PyObject *module, PyObject *args)
 {
-    PyObject *nodes, *type_of, *duplicate_of, *operands, *required, *access_row;
+    PyObject *nodes, *type_of, *duplicate_of, *operands, *required, *access_entry;
     Py_ssize_t type_count;
     if (!PyArg_ParseTuple(args, "OOOOnO!O:read_outputs", &nodes, &type_of,
                           &duplicate_of, &operands, &type_count, &PySet_Type,
-                          &required, &access_row))
+                          &required, &access_entry))
         return NULL;
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
-                   access_row) < 0)
+                   access_entry) < 0)
         return NULL;
     PyObject *result = NULL;
     /* Per type, its output count (from a node of it) and the offset of its
@@ -274,7 +274,7 @@ read_outputs(PyObject *module, PyObject *args)
         }
         if (!wanted)
             continue;
-        if (node->row == graph.access_row) {
+        if (node->entry == graph.access_entry) {
             Py_ssize_t source, number;
             if (access_source(&graph, i, &source) < 0 || access_number(node, &number) < 0)
                 goto done;
@@ -410,7 +410,7 @@ typedef struct {
 
 PyDoc_STRVAR(fill_doc,
 "fill(batches, nodes, type_of, duplicate_of, operands, type_count,\n"
-"     kind_of_type, kinds, computed, access_row)\n--\n\n"
+"     kind_of_type, kinds, computed, access_entry)\n--\n\n"
 "The program's arrays (see plan.py): returns (steps, rows, input_values,\n"
 "input_nodes, where, outputs, slots).  ``steps`` and ``rows`` are int32\n"
 "bytes (steps: one row of 3 + most outputs per step); per node, ``where``\n"
@@ -423,16 +423,16 @@ static PyObject *
 fill(PyObject *module, PyObject *args)
 {
     PyObject *batches, *nodes, *type_of, *duplicate_of, *operands, *kind_of_type,
-             *kind_list, *computed_list, *access_row;
+             *kind_list, *computed_list, *access_entry;
     Py_ssize_t type_count;
     if (!PyArg_ParseTuple(args, "O!OOOOnOOO!O:fill", &PyList_Type, &batches,
                           &nodes, &type_of, &duplicate_of, &operands, &type_count,
                           &kind_of_type, &kind_list, &PyList_Type, &computed_list,
-                          &access_row))
+                          &access_entry))
         return NULL;
     Graph graph;
     if (graph_read(&graph, nodes, type_of, duplicate_of, operands, type_count,
-                   access_row) < 0)
+                   access_entry) < 0)
         return NULL;
     Py_ssize_t buffer_count = PyList_GET_SIZE(computed_list), kind_count = 0;
     Py_ssize_t count = graph.count, width = 3;
@@ -627,7 +627,7 @@ fill(PyObject *module, PyObject *args)
         if (where[i] >= 0)
             continue;
         Node *node = graph_node(&graph, i);
-        if (node->row == graph.access_row) {
+        if (node->entry == graph.access_entry) {
             Py_ssize_t source, number;
             if (access_source(&graph, i, &source) < 0 || access_number(node, &number) < 0)
                 goto done;
@@ -702,7 +702,7 @@ int32_view(PyObject *bytes, Py_ssize_t count, const char *what)
 
 PyDoc_STRVAR(write_back_doc,
 "write_back(nodes, operands, where, outputs, slots, buffers,\n"
-"           access_row)\n--\n\n"
+"           access_entry)\n--\n\n"
 "Leave each node's value as its row of the program's ``buffers`` (fill's\n"
 "arrays say where) and drop its operands; a node with an output not kept\n"
 "stays unevaluated and is marked swallowed.  Returns the nodes nothing\n"
@@ -712,10 +712,10 @@ static PyObject *
 write_back(PyObject *module, PyObject *args)
 {
     PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
-             *access_row;
+             *access_entry;
     if (!PyArg_ParseTuple(args, "O!O!SSSO!O:write_back", &PyList_Type, &nodes,
                           operand_table_type, &operands, &where_bytes, &outputs_bytes,
-                          &slots_bytes, &PyList_Type, &buffers, &access_row))
+                          &slots_bytes, &PyList_Type, &buffers, &access_entry))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(nodes);
     Py_ssize_t slot_count = PyBytes_GET_SIZE(slots_bytes) / (2 * (Py_ssize_t)sizeof(int));
@@ -750,7 +750,7 @@ write_back(PyObject *module, PyObject *args)
         }
     }
     Graph graph = {.nodes = nodes, .operands = (OperandTable *)operands,
-                   .access_row = access_row,
+                   .access_entry = access_entry,
                    .count = count};
     PyObject *results = PyList_New(0);
     if (results == NULL)
@@ -785,7 +785,7 @@ write_back(PyObject *module, PyObject *args)
             if (batch_row == NULL)
                 goto fail_node;
         }
-        else if (node->row != access_row) {
+        else if (node->entry != access_entry) {
             goto swallow;   /* not kept */
         }
         else {

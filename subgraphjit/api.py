@@ -10,7 +10,7 @@ from .context import context
 from .evaluate import build, evaluate
 from .ir.node import VirtualNode
 from .ir.record import record, user_site
-from .ir.table import ROWS_BY_NAME
+from .ir.table import ENTRIES_BY_NAME
 from .patterns.search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",
@@ -146,7 +146,7 @@ class GradientTape(tf.GradientTape):
             self._pop_tape()
 
 
-# -- ops that need more than a table row -------------------------------------
+# -- ops that need more than a table entry -----------------------------------
 
 def shape(input, out_type=None, name=None):  # noqa: A002 (TensorFlow's name)
     """tf.shape: a node's shape is known when it is recorded, so this is a
@@ -169,4 +169,4 @@ def dropout(x, rate, noise_shape=None, seed=None, name=None):
                              name=name)
     mask = tf.nn.dropout(tf.ones(x.spec.shape, x.spec.dtype), rate,
                          noise_shape=noise_shape, seed=seed, name=name)
-    return record(ROWS_BY_NAME["math.multiply"], (x, mask), (), user_site())
+    return record(ENTRIES_BY_NAME["math.multiply"], (x, mask), (), user_site())

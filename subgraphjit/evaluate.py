@@ -36,9 +36,9 @@ def run_node(node):
     values = [operand.value() if type(operand) is VirtualNode else operand
               for operand in node.inputs]
     try:
-        node.result = node.row.call(values, node.attrs)
+        node.result = node.entry.call(values, node.attrs)
     except Exception as error:
-        raise annotate(error, node.row, node.site) from None
+        raise annotate(error, node.entry, node.site) from None
     # Drop the graph behind the node: its value is all anyone needs now, and
     # holding operands would keep whole minibatches alive.
     node.inputs = ()

@@ -16,11 +16,11 @@ import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.context import context
 from subgraphjit.ir.spec import NotLazy, spec, spec_of_foreign
-from subgraphjit.ir.table import ACCESS, ALL_ROWS, FrozenSlice
+from subgraphjit.ir.table import ACCESS, ALL_ENTRIES, FrozenSlice
 from experiments.example_models import MODELS
 from test_patterns import parameters  # noqa: F401 (fixture)
 
-ROWS = {row.name: row for row in ALL_ROWS}
+ENTRIES = {entry.name: entry for entry in ALL_ENTRIES}
 
 
 def constant(*shape):
@@ -37,10 +37,10 @@ def test_nodes_are_not_tracked_by_the_cyclic_collector():
 
 
 def test_fields_are_attributes_with_none_defaults():
-    row, site = ROWS["math.tanh"], (sys._getframe().f_code, 7)
-    node = VirtualNode(41, row, ("x",), (), spec(tf.float32, (2,)), site)
-    assert (node.id, node.row, node.inputs, node.attrs, node.site) == \
-        (41, row, ("x",), (), site)
+    entry, site = ENTRIES["math.tanh"], (sys._getframe().f_code, 7)
+    node = VirtualNode(41, entry, ("x",), (), spec(tf.float32, (2,)), site)
+    assert (node.id, node.entry, node.inputs, node.attrs, node.site) == \
+        (41, entry, ("x",), (), site)
     assert node.spec is spec(tf.float32, (2,))
     assert node.result is None and node.batch is None and node.batch_row is None
     assert node.consumers == 0
@@ -86,9 +86,9 @@ def test_record_builds_the_key_counts_consumers_and_names_the_users_line():
     assert (a.id, b.id, c.id) == (first_id, first_id + 1, first_id + 2)
     assert _native.next_node_id() == first_id + 3
     assert a.consumers == 3 and b.consumers == 0  # c reads a twice
-    row = ROWS["math.reduce_sum"]
+    entry = ENTRIES["math.reduce_sum"]
     key = (b.attrs, tuple(map(type, b.attrs)), a.spec)
-    assert row.cache[key] is b.spec
+    assert entry.cache[key] is b.spec
 
 
 def test_cached_specs_skip_inference_and_attribute_types_are_in_the_key():
@@ -116,7 +116,7 @@ def test_equal_plain_attributes_are_one_tuple_and_others_keep_their_own():
 
 
 def test_more_signatures_than_the_record_cache_holds_keep_their_own_specs():
-    """record()'s cache in front of row.cache is direct-mapped (4096
+    """record()'s cache in front of entry.cache is direct-mapped (4096
     entries): signatures that evict each other still get their own spec,
     and its shared attributes, on every later record."""
     x = tensorflow.constant([1, 2])
@@ -140,7 +140,7 @@ def test_unhashable_attributes_are_frozen():
     np.testing.assert_allclose(node.numpy(), np.tanh(np.ones(2)), rtol=1e-6)
 
 
-def test_multi_output_rows_give_accesses():
+def test_multi_output_entries_give_accesses():
     gates = tf.tanh(constant(1, 6))
     before = _native.next_node_id()
     outputs, line = tf.split(gates, 3, axis=1), sys._getframe().f_lineno
@@ -148,7 +148,7 @@ def test_multi_output_rows_give_accesses():
     split = outputs[0].inputs[0]
     assert split.id == before and split.consumers == 3
     for index, output in enumerate(outputs):
-        assert output.row is ACCESS and output.attrs == (index,)
+        assert output.entry is ACCESS and output.attrs == (index,)
         assert output.inputs == (split,) and output.spec is split.spec[index]
         assert output.id == before + 1 + index and output.site[1] == line
 
@@ -156,28 +156,28 @@ def test_multi_output_rows_give_accesses():
 def test_foreign_operands_that_cannot_be_described_stay_eager():
     node = tf.tanh(constant(2, 1))
     with pytest.raises(NotLazy):
-        _native.record(ROWS["math.add"], (node, object()), ())
+        _native.record(ENTRIES["math.add"], (node, object()), ())
     assert node.consumers == 0  # nothing was recorded
     assert isinstance(tf.add(node, tensorflow.ragged.constant([[1.0], [2.0]])),
                       tensorflow.RaggedTensor)
 
 
 @pytest.mark.parametrize("arguments", [
-    (), (ROWS["math.tanh"],), (ROWS["math.tanh"], [1.0], ()),
-    (ROWS["math.tanh"], (1.0,), [None]), (ROWS["math.tanh"], (), (), ()),
-    (ROWS["math.tanh"], (1.0,), (), "line 3"), (ROWS["math.tanh"], (1.0,), (), None, 1),
+    (), (ENTRIES["math.tanh"],), (ENTRIES["math.tanh"], [1.0], ()),
+    (ENTRIES["math.tanh"], (1.0,), [None]), (ENTRIES["math.tanh"], (), (), ()),
+    (ENTRIES["math.tanh"], (1.0,), (), "line 3"), (ENTRIES["math.tanh"], (1.0,), (), None, 1),
 ])
 def test_bad_calls_raise_type_errors(arguments):
     with pytest.raises(TypeError):
         _native.record(*arguments)
 
 
-def test_bad_rows_and_nodes_raise_clean_errors():
+def test_bad_entries_and_nodes_raise_clean_errors():
     with pytest.raises(AttributeError):
         _native.record(object(), (1.0,), ())
-    row = type("Row", (), {"cache": [], "multi_output": False})()
+    entry = type("Entry", (), {"cache": [], "multi_output": False})()
     with pytest.raises(TypeError):
-        _native.record(row, (1.0,), ())
+        _native.record(entry, (1.0,), ())
     with pytest.raises(TypeError):
         VirtualNode("not an id", None, (), (), None, None)
     with pytest.raises(TypeError):
@@ -242,7 +242,7 @@ def test_variables_and_python_numbers_give_their_own_specs():
         assert tf.matmul(tf.cast(x, tf.float64), wide).dtype == tf.float64
     h = tf.tanh(x)
     assert (h + 1).dtype == (h + 1.0).dtype == tf.float32
-    assert (h + 1).inputs == (h, 1) and (h + 1).row.name == "operator.add"
+    assert (h + 1).inputs == (h, 1) and (h + 1).entry.name == "operator.add"
     with pytest.raises(TypeError):
         _native.setup(context, None, None, None, ACCESS, [], set(),
                       type(constant(1)))
@@ -257,7 +257,7 @@ def test_lists_of_ints_give_the_spec_spec_of_foreign_gives():
         node = tf.gather(rows, ids) if type(ids[0]) is int and len(ids) < 3 \
             else rows + ids
         key = (node.attrs, tuple(map(type, node.attrs)), rows.spec, spec_of_foreign(ids))
-        assert node.row.cache[key] is node.spec
+        assert node.entry.cache[key] is node.spec
     np.testing.assert_array_equal(tf.gather(table, [3, 0, 3]).numpy(),
                                   tensorflow.gather(table, [3, 0, 3]).numpy())
     with pytest.raises(NotLazy):

@@ -388,7 +388,7 @@ class ReferenceGraph:
         self.signatures, self.type_of, self.operands = [], [], []
         self.duplicate_of, self.shared_operand, self.sources = [], [], []
         for index, node in enumerate(nodes):
-            if node.row is ACCESS:
+            if node.entry is ACCESS:
                 source = node.inputs[0]
                 source_index = index_of.get(source.id, -1)
                 if source_index < 0:
@@ -420,7 +420,7 @@ class ReferenceGraph:
                 self.signatures.append(signature)
                 self.shared_operand.append(tuple(
                     not isinstance(operand, tuple)
-                    and reference_is_shared(operand, position in node.row.index_positions)
+                    and reference_is_shared(operand, position in node.entry.index_positions)
                     for position, operand in enumerate(operands)))
             self.type_of.append(node_type)
             self.duplicate_of.append(index)
@@ -434,7 +434,7 @@ class ReferenceGraph:
             if type(operand) is VirtualNode:
                 operand_index = index_of.get(operand.id, -1)
                 pick = None
-                if operand.row is ACCESS and operand_index >= 0:
+                if operand.entry is ACCESS and operand_index >= 0:
                     pick = operand.attrs[0]
                     operand = operand.inputs[0]
                     operand_index = index_of[operand.id]
@@ -447,7 +447,7 @@ class ReferenceGraph:
                 identity.append((operand_index, pick) if operand_index >= 0
                                 else id(operand))
             elif reference_is_number(operand) \
-                    and position not in node.row.index_positions:
+                    and position not in node.entry.index_positions:
                 operands.append(operand)
                 parts.append((type(operand), operand))
                 identity.append(None)
@@ -459,16 +459,16 @@ class ReferenceGraph:
                 operands.append(operand)
                 parts.append(spec_of_foreign(operand))
                 identity.append(graph_module._value_key(operand))
-        signature = BatchingSignature(node.row, node.attrs, tuple(map(type, node.attrs)),
+        signature = BatchingSignature(node.entry, node.attrs, tuple(map(type, node.attrs)),
                                       tuple(parts))
         return operands, signature, tuple(identity), sources
 
 
 def reference_gathers_variable_rows(node):
-    row = node.row
-    if row.family == "pattern":
-        return row.pattern.gathers_variable_rows
-    return row.gathers_from is not None and is_variable(node.inputs[row.gathers_from])
+    entry = node.entry
+    if entry.family == "pattern":
+        return entry.pattern.gathers_variable_rows
+    return entry.gathers_from is not None and is_variable(node.inputs[entry.gathers_from])
 
 
 def reference_is_number(operand):
@@ -491,9 +491,9 @@ def assert_same_description(nodes):
     assert graph.duplicates == sum(
         canonical != index for index, canonical in enumerate(reference.duplicate_of))
     assert len(graph.operands) == len(reference.operands)
-    for row, expected in zip(graph.operands, reference.operands):
-        assert len(row) == len(expected)
-        for operand, wanted in zip(row, expected):
+    for node_operands, expected in zip(graph.operands, reference.operands):
+        assert len(node_operands) == len(expected)
+        for operand, wanted in zip(node_operands, expected):
             if isinstance(wanted, tuple):
                 assert isinstance(operand, NodeOperand)
                 assert (operand.index, operand.pick) == wanted[:2]
@@ -511,7 +511,7 @@ def test_descriptions_of_recorded_graphs_match_the_reference(name):
 
 
 def test_descriptions_of_pattern_graphs_match_the_reference(parameters):
-    """Subgraph granularity: pattern rows, joined multi-output patterns,
+    """Subgraph granularity: pattern entries, joined multi-output patterns,
     and access nodes of ops evaluated earlier."""
     parameters(granularity="subgraph", collect=1, fuse=True)
     rng = np.random.default_rng(5)
@@ -547,7 +547,7 @@ def test_foreign_operands_and_duplicates_match_the_reference():
 
 
 def test_describe_graph_bad_input_raises_clean_errors():
-    helpers = (ACCESS, graph_module._row_info, graph_module._kind_of,
+    helpers = (ACCESS, graph_module._entry_info, graph_module._kind_of,
                spec_of_foreign, graph_module._value_key, graph_module._take_output)
     with pytest.raises(TypeError):
         _native.describe_graph((), *helpers)           # not a list
@@ -558,17 +558,17 @@ def test_describe_graph_bad_input_raises_clean_errors():
     empty = _native.describe_graph([], *helpers)
     assert [list(part) for part in empty[:6]] == [[]] * 6 and empty[6] == 0
     odd = make_node(1, [])
-    odd.row = tf.tanh(tensorflow.constant([1.0])).row
+    odd.entry = tf.tanh(tensorflow.constant([1.0])).entry
     odd.attrs = [2]                                    # not a tuple
     with pytest.raises(TypeError):
         _native.describe_graph([odd], *helpers)
-    del odd.row
+    del odd.entry
     with pytest.raises(TypeError):
         _native.describe_graph([odd], *helpers)
-    with pytest.raises(AttributeError):                # row_info's error
+    with pytest.raises(AttributeError):                # entry_info's error
         _native.describe_graph([make_node(2, [object()])], *helpers)
-    row = tf.tanh(tensorflow.constant([1.0])).row
-    node = VirtualNode(3, row, (object(),), (), None, None)
+    entry = tf.tanh(tensorflow.constant([1.0])).entry
+    node = VirtualNode(3, entry, (object(),), (), None, None)
     bad_kind = helpers[:2] + (lambda operand: 9,) + helpers[3:]
     with pytest.raises(ValueError):
         _native.describe_graph([node], *bad_kind)
@@ -589,10 +589,10 @@ def test_operand_table_gives_python_the_same_lists_every_time():
         assert graph.sources[index] is graph.sources[index]
         assert graph.sources[index] == tuple(sorted(set(graph.sources[index]),
                                                     key=graph.sources[index].index))
-    picks = [operand.pick for row in graph.operands for operand in row
+    picks = [operand.pick for node_operands in graph.operands for operand in node_operands
              if isinstance(operand, NodeOperand)]
     assert 0 in picks and 1 in picks and None in picks
-    assert any(operand is x for row in graph.operands for operand in row)
+    assert any(operand is x for node_operands in graph.operands for operand in node_operands)
     for sequence in (graph.operands, graph.sources):
         with pytest.raises(IndexError):
             sequence[len(nodes)]

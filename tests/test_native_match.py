@@ -16,7 +16,7 @@ from subgraphjit.patterns.codegen import FusedPattern, Pattern
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.spec import spec
-from subgraphjit.ir.table import ACCESS, ROWS_BY_NAME
+from subgraphjit.ir.table import ACCESS, ENTRIES_BY_NAME
 from subgraphjit.patterns.search import SEARCH
 from subgraphjit.patterns.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS
@@ -61,7 +61,7 @@ def _compile_matcher(template, depth):
             emit(f"if {var}.id in seen: return None")
         if t.kind == "input":  # the walk must stop here (Signer._stops_at)
             source = f"n{next(names)}"
-            emit(f"if {var}.row is ACCESS:")
+            emit(f"if {var}.entry is ACCESS:")
             emit(f"    if {var}.inputs:")
             emit(f"        {source} = {var}.inputs[0]")
             emit(f"        if {source}.id in seen: return None")
@@ -76,7 +76,7 @@ def _compile_matcher(template, depth):
             trail.append(var)
         elif t.kind == "output":
             source = f"n{next(names)}"
-            emit(f"if {var}.row is not ACCESS or not {var}.inputs or "
+            emit(f"if {var}.entry is not ACCESS or not {var}.inputs or "
                  f"{var}.attrs[0] != {t.detail}: return None")
             emit(f"{source} = {var}.inputs[0]")
             stops = ("True" if depth == 0 else
@@ -85,7 +85,7 @@ def _compile_matcher(template, depth):
             emit(f"if {stops} and {source}.id not in seen: return None")
             node(t.children[0], source, depth, False)
         elif t.kind == "op" and depth > 0:
-            checks = [f"{var}.row is not {constant(t.detail)}",
+            checks = [f"{var}.entry is not {constant(t.detail)}",
                       f"len({var}.inputs) != {t.arity}",
                       f"{var}.attrs != {constant(t.attrs)}"]
             if t.attrs:
@@ -136,7 +136,7 @@ def reference_replace(roots, templates, signer, depth, swallowed):
     reached = {node.id: node for node in roots}
     while queue:
         node = queue.pop(0)
-        candidates = candidates_by_root.get((node.row, node.attrs))
+        candidates = candidates_by_root.get((node.entry, node.attrs))
         found = None
         for matcher, pattern in candidates or ():
             found = matcher(node)
@@ -147,7 +147,7 @@ def reference_replace(roots, templates, signer, depth, swallowed):
         else:
             inputs, inner_nodes = found
             operands = tuple(inputs[position] for position in pattern.argument_positions)
-            node.row, node.attrs, node.inputs = pattern.row, (), operands
+            node.entry, node.attrs, node.inputs = pattern.entry, (), operands
             inner_nodes.pop()
             swallowed.update([inner.id for inner in inner_nodes])
             replaced.append(node)
@@ -183,21 +183,21 @@ def record_graphs(make_graph, copies=1):
 
 
 def copy_graph(roots, nodes):
-    """Fresh copies of ``nodes`` (same ids, rows, consumers) wired to each
+    """Fresh copies of ``nodes`` (same ids, entries, consumers) wired to each
     other: replacement rewrites nodes in place, so each side gets its own."""
     copies = {}
     for node in nodes:  # in id order: operands first
         inputs = tuple(copies.get(id(operand), operand) for operand in node.inputs)
-        copy = VirtualNode(node.id, node.row, inputs, node.attrs, node.spec, node.site)
+        copy = VirtualNode(node.id, node.entry, inputs, node.attrs, node.spec, node.site)
         copy.consumers = node.consumers
         copies[id(node)] = copy
     return [copies[id(root)] for root in roots], list(copies.values())
 
 
 def described(nodes):
-    """Each node as the replacement left it: row, attributes and operands
+    """Each node as the replacement left it: entry, attributes and operands
     (nodes by id, other values by identity)."""
-    return [(node.id, node.row, node.attrs, node.spec,
+    return [(node.id, node.entry, node.attrs, node.spec,
              tuple(("node", operand.id) if type(operand) is VirtualNode else id(operand)
                    for operand in node.inputs))
             for node in nodes]
@@ -206,7 +206,7 @@ def described(nodes):
 def reference_fuse(search, pattern_nodes):
     """PatternSearch._fuse_in_place as Python before issue 17 moved its loop to C."""
     for node in pattern_nodes:
-        if node.row.multi_output:
+        if node.entry.multi_output:
             continue
         producer = reference_latest_producer(node)
         if producer is None:
@@ -214,25 +214,25 @@ def reference_fuse(search, pattern_nodes):
         wiring, extras = reference_wiring(node, producer)
         if wiring is None:
             continue
-        key = (producer.row.pattern, node.row.pattern, wiring)
+        key = (producer.entry.pattern, node.entry.pattern, wiring)
         fused = search.fused.get(key)
         if fused is None:
             fused = search.fused[key] = FusedPattern(*key, len(extras))
         output = len(producer.spec)
-        producer.row = fused.row
+        producer.entry = fused.entry
         producer.inputs = tuple(producer.inputs) + tuple(extras)
         producer.spec = tuple(producer.spec) + (node.spec,)
-        node.row, node.attrs, node.inputs = ACCESS, (output,), (producer,)
+        node.entry, node.attrs, node.inputs = ACCESS, (output,), (producer,)
 
 
 def reference_latest_producer(node):
     latest = None
     for operand in node.inputs:
-        if operand.row is ACCESS and operand.inputs:
+        if operand.entry is ACCESS and operand.inputs:
             source = operand.inputs[0]
-            row = source.row
-            if row.family == "pattern" and row.multi_output \
-                    and type(row.pattern) is Pattern \
+            entry = source.entry
+            if entry.family == "pattern" and entry.multi_output \
+                    and type(entry.pattern) is Pattern \
                     and (latest is None or source.id > latest.id):
                 latest = source
     return latest
@@ -242,7 +242,7 @@ def reference_wiring(consumer, producer):
     arguments = producer.inputs
     wiring, extras = [], []
     for operand in consumer.inputs:
-        if operand.row is ACCESS and operand.inputs and operand.inputs[0] is producer:
+        if operand.entry is ACCESS and operand.inputs and operand.inputs[0] is producer:
             wiring.append(("output", operand.attrs[0]))
             continue
         for place, argument in enumerate(arguments):
@@ -295,10 +295,10 @@ def test_every_match_equals_the_generated_matchers(model_name, level):
         signer = Signer(level, for_patterns=True, required=required)
         keys = {}
         for node in nodes:
-            if node.row is not ACCESS:
+            if node.entry is not ACCESS:
                 signature = signer.walk(node, depth).signature
                 keys.setdefault(signature.key, signature)
-        templates = [Template(key, ROWS_BY_NAME, signature)
+        templates = [Template(key, ENTRIES_BY_NAME, signature)
                      for key, signature in list(keys.items())[:40]]
         for template in templates:
             matcher = reference_matcher(signer, template, depth)
@@ -328,8 +328,8 @@ def test_outputs_shared_nodes_and_other_depths_equal_the_generated_matchers():
     _, _, (roots, nodes) = record_graphs(graph)
     for level in signatures.LEVELS:
         signer = Signer(level, for_patterns=True, required={roots[0].id})
-        templates = [Template(signer.walk(node, depth).signature.key, ROWS_BY_NAME)
-                     for node in nodes if node.row is not ACCESS for depth in (1, 2, 4, 6)]
+        templates = [Template(signer.walk(node, depth).signature.key, ENTRIES_BY_NAME)
+                     for node in nodes if node.entry is not ACCESS for depth in (1, 2, 4, 6)]
         kinds = set()
         for template, depth in itertools.product(templates, (1, 2, 3, 4, 6)):
             kinds.update(instruction[0] for instruction in _program_code(template, depth))
@@ -404,8 +404,8 @@ def test_replaced_nodes_count_as_matches_of_their_pattern(parameters):
 
 # -- bad input ---------------------------------------------------------------------
 
-def node(node_id=1, row=ACCESS, inputs=(), attrs=(), spec=spec(tf.float32, (1,))):
-    return VirtualNode(node_id, row, inputs, attrs, spec, None)
+def node(node_id=1, entry=ACCESS, inputs=(), attrs=(), spec=spec(tf.float32, (1,))):
+    return VirtualNode(node_id, entry, inputs, attrs, spec, None)
 
 
 def labels(**changes):
@@ -488,37 +488,37 @@ def test_bad_replace_input_raises():
     # The match has no inputs: argument position 0 is none of them.
     with pytest.raises(IndexError):
         _native.replace([root], good, labels())
-    assert root.row is ACCESS  # not rewritten
+    assert root.entry is ACCESS  # not rewritten
 
 
 def test_fuse_joins_and_bad_input_raises():
-    """Joining on hand-made nodes: the rewrite, and entries that are no
+    """Joining on hand-made nodes: the rewrite, and items that are no
     nodes and errors in the callbacks, which raise and leave the nodes as
     they were."""
-    class Row:
+    class Entry:
         def __init__(self, pattern):
             self.pattern = pattern
 
-    producer_row, consumer_row, joined_row = Row("p"), Row("c"), Row("p+c")
-    argument = node(0, consumer_row)
+    producer_entry, consumer_entry, joined_entry = Entry("p"), Entry("c"), Entry("p+c")
+    argument = node(0, consumer_entry)
     first = spec(tf.float32, (1,))
-    producer = node(1, producer_row, (argument,), spec=(first,))
+    producer = node(1, producer_entry, (argument,), spec=(first,))
     output = node(2, ACCESS, (producer,), (0,))
     second = spec(tf.float32, (2,))
-    consumer = node(3, consumer_row, (output, argument), spec=second)
+    consumer = node(3, consumer_entry, (output, argument), spec=second)
 
-    def row_kind(row):
-        return 3 if row is producer_row else 0
+    def entry_kind(entry):
+        return 3 if entry is producer_entry else 0
 
     def snapshot():
-        return [(n.row, n.inputs, n.attrs, n.spec) for n in (producer, consumer)]
+        return [(n.entry, n.inputs, n.attrs, n.spec) for n in (producer, consumer)]
 
     before = snapshot()
     for given in ([consumer, 3], [None], 7):
         with pytest.raises(TypeError):
-            _native.fuse(given, {}, None, row_kind, ACCESS)
+            _native.fuse(given, {}, None, entry_kind, ACCESS)
     with pytest.raises(TypeError):
-        _native.fuse([consumer], [], None, row_kind, ACCESS)
+        _native.fuse([consumer], [], None, entry_kind, ACCESS)
 
     def refuse(_):
         raise KeyError("no kind")
@@ -529,11 +529,11 @@ def test_fuse_joins_and_bad_input_raises():
     with pytest.raises(KeyError):
         _native.fuse([consumer], {}, None, refuse, ACCESS)
     with pytest.raises(RuntimeError):
-        _native.fuse([consumer], {}, no_pair, row_kind, ACCESS)
+        _native.fuse([consumer], {}, no_pair, entry_kind, ACCESS)
     assert snapshot() == before
 
     class Pair:
-        row = joined_row
+        entry = joined_entry
 
     made = []
 
@@ -541,12 +541,12 @@ def test_fuse_joins_and_bad_input_raises():
         made.append((key, extra_count))
         return Pair()
 
-    joined = _native.fuse([consumer], {}, make_pair, row_kind, ACCESS)
+    joined = _native.fuse([consumer], {}, make_pair, entry_kind, ACCESS)
     assert made == [(("p", "c", (("output", 0), ("argument", 0))), 0)]
     assert len(joined) == 1 and type(joined[0]) is Pair
-    assert producer.row is joined_row and producer.inputs == (argument,)
+    assert producer.entry is joined_entry and producer.inputs == (argument,)
     assert producer.spec == (first, second)
-    assert consumer.row is ACCESS and consumer.attrs == (1,)
+    assert consumer.entry is ACCESS and consumer.attrs == (1,)
     assert consumer.inputs == (producer,)
 
 
@@ -576,22 +576,22 @@ def test_a_label_found_equal_for_one_spec_decides_nothing_for_another():
     for the rest of one replace call only: a node of another spec is still
     compared, and the next call (another Signer, other labels) starts
     afresh."""
-    row = ROWS_BY_NAME["math.sigmoid"]
+    entry = ENTRIES_BY_NAME["math.sigmoid"]
     wide, narrow = spec(tf.float32, (1, 4)), spec(tf.float32, (1, 3))
     signer = Signer("shape", for_patterns=True)
     program = _native.MatchProgram((
-        ("op", 0, row, 0, (), None, False, signer._spec_label(wide)), ("node", 0)))
-    candidates = {row: ((program, ROWS_BY_NAME["math.tanh"], ()),)}
+        ("op", 0, entry, 0, (), None, False, signer._spec_label(wide)), ("node", 0)))
+    candidates = {entry: ((program, ENTRIES_BY_NAME["math.tanh"], ()),)}
 
     def graph():
         first = _native.next_node_id()
-        return [node(first + k, row, (), (), given)
+        return [node(first + k, entry, (), (), given)
                 for k, given in enumerate((wide, narrow, wide))]
 
     nodes = graph()
     reached, replaced = _native.replace(nodes, candidates, signer.match_labels())
     assert [node.id for node in replaced] == [nodes[0].id, nodes[2].id]
-    assert nodes[1].row is row
+    assert nodes[1].entry is entry
     # Labels that no longer match the remembered spec's: nothing matches.
     relabelled = Signer("shape", for_patterns=True)
     relabelled._spec_labels[wide] = "other"

@@ -32,7 +32,7 @@ def reference_read_outputs(graph, required):
                     read.add((type_of[operand.index], operand.pick or 0))
     for index, node in enumerate(graph.nodes):
         if node.consumers == 0 or node.id in required:
-            if node.row is ACCESS:
+            if node.entry is ACCESS:
                 source = operands[index][0].index
                 if source >= 0:
                     read.add((type_of[duplicate_of[source]], node.attrs[0]))
@@ -72,7 +72,7 @@ class ReferenceFill:
                 places = [None if buffer is None else
                           (buffer, output_starts[number] + offset)
                           for number, buffer in enumerate(kind.outputs)]
-                self.locations[index] = places if kind.row.multi_output else places[0]
+                self.locations[index] = places if kind.entry.multi_output else places[0]
             self.steps.append(step + output_starts)
         self._locate_the_rest()
         return self
@@ -102,7 +102,7 @@ class ReferenceFill:
         for index, node in enumerate(graph.nodes):
             if locations[index] is not None:
                 continue
-            if node.row is ACCESS:
+            if node.entry is ACCESS:
                 source = graph.operands[index][0].index
                 if source >= 0 and locations[graph.duplicate_of[source]] is not None:
                     locations[index] = locations[graph.duplicate_of[source]][node.attrs[0]]
@@ -132,7 +132,7 @@ def reference_write_back(program, graph, outputs):
             batch_row = tuple(row for _, row in location)
         elif location is not None:
             batch, batch_row = outputs[location[0]], location[1]
-        elif node.row is not ACCESS or graph.operands[index][0].index >= 0:
+        elif node.entry is not ACCESS or graph.operands[index][0].index >= 0:
             swallowed.add(index)
             continue
         left[index] = (batch, batch_row)
@@ -238,7 +238,7 @@ def small_graph():
 def fill_arguments(graph, batches):
     program = plans.outline(graph, batches)
     kinds = [(tuple((p, b) for p, (k, b) in enumerate(kind.operands) if k == plans.ROWS),
-              tuple(kind.outputs), kind.row.multi_output) for kind in program.kinds]
+              tuple(kind.outputs), kind.entry.multi_output) for kind in program.kinds]
     kind_of_type = [-1] * len(graph.signatures)
     for number, kind_type in enumerate(sorted({graph.type_of[b[0]] for b in batches},
                                               key=lambda t: (graph.type_names[t], t))):
@@ -282,7 +282,8 @@ def test_fill_of_bad_input_raises_clean_errors():
     # table, are refused.
     with tf.GradientTape():
         other = BatchGraph(unevaluated_ancestors([tf.tanh(tensorflow.constant([1.0]))]))
-    for operands in ([list(row) for row in graph.operands], other.operands):
+    for operands in ([list(node_operands) for node_operands in graph.operands],
+                     other.operands):
         with pytest.raises(ValueError):
             _native.fill(*broken(4, operands))
 

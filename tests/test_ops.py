@@ -1,11 +1,11 @@
-"""Differential tests for every op-table row: subgraphjit equals eager
+"""Differential tests for every op entry: subgraphjit equals eager
 TensorFlow -- the spec known at record time, the value, and the gradients --
 for one instance, and for several instances evaluated (batched) together.
 
-Each row has a case: a function of a NumPy random generator returning the
+Each entry has a case: a function of a NumPy random generator returning the
 op's arguments, with tensors given as ``Float`` (differentiable), ``Exact``
-(ints and bools) or ``Index`` arrays.  A row without a case fails
-``test_every_row_has_a_case``.
+(ints and bools) or ``Index`` arrays.  An entry without a case fails
+``test_every_entry_has_a_case``.
 """
 
 import operator
@@ -16,7 +16,7 @@ import tensorflow
 from hypothesis import given, settings, strategies
 
 import subgraphjit
-from subgraphjit.ir.table import OPERATORS, TF_ROWS
+from subgraphjit.ir.table import OPERATORS, TF_ENTRIES
 from gradients import assert_gradient_equal
 
 
@@ -157,21 +157,21 @@ def dense_xent_case(rng):
                 "logits": floats(rng, dims)}
 
 
-ROW_CASES = {
-    **{row.name: unary() for row in TF_ROWS if row.family == "elementwise"},
+ENTRY_CASES = {
+    **{entry.name: unary() for entry in TF_ENTRIES if entry.family == "elementwise"},
     "math.log": unary(positive=True), "math.sqrt": unary(positive=True),
     "math.rsqrt": unary(positive=True), "math.reciprocal": unary(positive=True),
     "math.log1p": unary(positive=True),
     "nn.leaky_relu": unary(kwargs={"alpha": 0.1}),
     "cast": lambda rng: ([floats(rng, shape(rng))], {"dtype": tensorflow.int32}),
     "math.logical_not": lambda rng: ([Exact(rng.random(shape(rng)) < 0.5)], {}),
-    **{row.name: binary() for row in TF_ROWS if row.family == "broadcasting"},
+    **{entry.name: binary() for entry in TF_ENTRIES if entry.family == "broadcasting"},
     "math.pow": binary(positive=True),
     "math.floordiv": binary(exact="int"), "math.floormod": binary(exact="int"),
     "math.logical_and": binary(exact="bool"), "math.logical_or": binary(exact="bool"),
     "nn.bias_add": lambda rng: ([floats(rng, (2, 3)), floats(rng, (3,))], {}),
     "clip_by_value": lambda rng: ([floats(rng, shape(rng)), -0.5, 0.5], {}),
-    **{row.name: reduction for row in TF_ROWS if row.family == "reduction"},
+    **{entry.name: reduction for entry in TF_ENTRIES if entry.family == "reduction"},
     "math.reduce_any": lambda rng: reduction(rng, exact=True),
     "math.reduce_all": lambda rng: reduction(rng, exact=True),
     "math.argmax": axis_case, "math.argmin": axis_case,
@@ -197,8 +197,8 @@ ROW_CASES = {
 }
 
 
-def test_every_row_has_a_case():
-    assert set(ROW_CASES) == {row.name for row in TF_ROWS}
+def test_every_entry_has_a_case():
+    assert set(ENTRY_CASES) == {entry.name for entry in TF_ENTRIES}
 
 
 # -- running a case both ways -------------------------------------------------
@@ -260,39 +260,39 @@ def assert_same(lazy, eager):
         assert_gradient_equal(got, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("row_name", sorted(ROW_CASES))
+@pytest.mark.parametrize("entry_name", sorted(ENTRY_CASES))
 @settings(max_examples=6, deadline=None)
 @given(seed=strategies.integers(0, 2**32 - 1))
-def test_row_equals_eager(row_name, seed):
-    args, kwargs = ROW_CASES[row_name](np.random.default_rng(seed))
-    assert_same(run(resolve(subgraphjit, row_name), args, kwargs, lazy=True),
-                run(resolve(tensorflow, row_name), args, kwargs, lazy=False))
+def test_entry_equals_eager(entry_name, seed):
+    args, kwargs = ENTRY_CASES[entry_name](np.random.default_rng(seed))
+    assert_same(run(resolve(subgraphjit, entry_name), args, kwargs, lazy=True),
+                run(resolve(tensorflow, entry_name), args, kwargs, lazy=False))
 
 
-# Rows that run per instance by design (see subgraphjit/batcher/rules.py).
+# Entries that run per instance by design (see subgraphjit/batcher/rules.py).
 NO_BATCH_RULE = set()
 
 
-@pytest.mark.parametrize("row_name", sorted(ROW_CASES))
-def test_row_batched_over_instances_equals_eager(row_name):
+@pytest.mark.parametrize("entry_name", sorted(ENTRY_CASES))
+def test_entry_batched_over_instances_equals_eager(entry_name):
     """Three instances of equal shapes, new values each, evaluated together:
     one batched op, whose rows must equal the op run on each instance."""
-    args, kwargs = ROW_CASES[row_name](np.random.default_rng(len(row_name)))
+    args, kwargs = ENTRY_CASES[entry_name](np.random.default_rng(len(entry_name)))
     cases = [(args, kwargs)]
     for seed in (1, 2):
         rng = np.random.default_rng(seed)
         cases.append(([_refill(a, rng) for a in args],
                       {k: _refill(v, rng) for k, v in kwargs.items()}))
-    lazy_function = resolve(subgraphjit, row_name)
+    lazy_function = resolve(subgraphjit, entry_name)
     results = [lazy_function(*[realise(a, True, []) for a in case_args],
                              **{k: realise(v, True, []) for k, v in case_kwargs.items()})
                for case_args, case_kwargs in cases]
     subgraphjit.reset_stats()
     built = subgraphjit.build(results)
     unbatched = subgraphjit.stats()["unbatched"]
-    if row_name not in NO_BATCH_RULE:
+    if entry_name not in NO_BATCH_RULE:
         assert not unbatched, unbatched
-    eager_function = resolve(tensorflow, row_name)
+    eager_function = resolve(tensorflow, entry_name)
     for value, (case_args, case_kwargs) in zip(built, cases):
         expected = eager_function(
             *[realise(a, False, []) for a in case_args],

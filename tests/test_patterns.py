@@ -10,7 +10,7 @@ import tensorflow
 
 import subgraphjit as tf
 from subgraphjit.patterns import search, signature as signatures
-from subgraphjit.ir.table import ROWS_BY_NAME
+from subgraphjit.ir.table import ENTRIES_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
 from experiments.example_models import MODELS
 from gradients import assert_loss_and_gradients_equal
@@ -240,7 +240,7 @@ def test_matching_agrees_with_signatures(level):
         with tf.batching():
             roots = [model.loss(tf, example) for example in model.random_examples(rng, 2)]
             nodes = [node for node in unevaluated_ancestors(roots)
-                     if node.row.name != "access"]
+                     if node.entry.name != "access"]
             for depth in (1, 2, 4, 8):
                 signer = signatures.Signer(level, for_patterns=True)
                 walks = [signer.walk(node, depth) for node in nodes]
@@ -249,7 +249,7 @@ def test_matching_agrees_with_signatures(level):
                 keys = list({walk.signature.key: walk.signature
                              for node, walk in zip(nodes, walks) if node.inputs}.items())
                 for key, signature in keys[:6]:
-                    template = signatures.Template(key, ROWS_BY_NAME, signature)
+                    template = signatures.Template(key, ENTRIES_BY_NAME, signature)
                     for node, walk in zip(nodes, walks):
                         found = signer.match(node, depth, template)
                         assert (found is not None) == (walk.signature.key == key)

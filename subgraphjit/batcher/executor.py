@@ -153,16 +153,16 @@ class Executor:
             except (tf.errors.OpError, ValueError, TypeError):
                 self._run_each(indices)   # so the error names the instance's line
             return
-        rule = rule_for(first.row)
+        rule = rule_for(first.entry)
         if rule is None:
-            statistics["unbatched"][f"{first.row.name}: no batch rule"] += len(indices)
+            statistics["unbatched"][f"{first.entry.name}: no batch rule"] += len(indices)
             self._run_each(indices)
             return
         operand_specs = graph.signatures[node_type].operands
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
         # gathers it itself (patterns/codegen.py); other ops take the stacked operand.
-        take = _row_numbers if first.row.node_kind in PATTERN_KINDS else _stacked
+        take = _row_numbers if first.entry.node_kind in PATTERN_KINDS else _stacked
         for position, is_shared in enumerate(shared):
             operand_spec = operand_specs[position]
             if is_shared:
@@ -173,11 +173,11 @@ class Executor:
                 values.append(take(*self._assembly(position, indices, operand_spec)))
                 ranks.append(len(operand_spec.shape))
         try:
-            batched = rule(first.row, first.attrs, values, shared, ranks,
-                           first.spec if not first.row.multi_output else first.spec[0],
+            batched = rule(first.entry, first.attrs, values, shared, ranks,
+                           first.spec if not first.entry.multi_output else first.spec[0],
                            len(indices))
         except NoRule as reason:
-            statistics["unbatched"][f"{first.row.name}: {reason}"] += len(indices)
+            statistics["unbatched"][f"{first.entry.name}: {reason}"] += len(indices)
             self._run_each(indices)
             return
         except (tf.errors.OpError, ValueError, TypeError):
@@ -220,9 +220,9 @@ class Executor:
             node = graph.nodes[index]
             values = self._values(graph.operands[index])
             try:
-                self.result_of[index] = node.row.call(values, node.attrs)
+                self.result_of[index] = node.entry.call(values, node.attrs)
             except Exception as error:
-                raise annotate(error, node.row, node.site) from None
+                raise annotate(error, node.entry, node.site) from None
 
     # -- results -------------------------------------------------------------
     def write_back(self):
@@ -231,7 +231,7 @@ class Executor:
         dropped (its value is all anyone needs now)."""
         graph = self.graph
         for index, node in enumerate(graph.nodes):
-            if node.row.node_kind == "access":
+            if node.entry.node_kind == "access":
                 if node.result is None and node.batch is None:
                     source_index = graph.duplicate_of[graph.operands[index][0].index]
                     pick = node.attrs[0]

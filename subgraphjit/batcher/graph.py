@@ -1,7 +1,7 @@
 """The batching view of a recorded DAG: node types, operands, duplicates.
 
 Two nodes may run in one batched op when they have the same *batching
-signature*: the op-table row, its attributes (with their types), and for each
+signature*: the op entry, its attributes (with their types), and for each
 operand either its spec (a per-instance operand, stacked along a new leading
 axis) or its identity (a shared operand: the same tf.Variable or tensor, or
 the same Python number, given to every instance once).  Signatures are
@@ -11,8 +11,8 @@ Identical work is done once: a node with the same signature as an earlier
 node and the very same operands (the same constant, the same function of
 the same nodes) becomes a *duplicate* and reuses its value.  Lookups of
 rows of a variable are the exception: eager TensorFlow gives the variable's
-gradient as an IndexedSlices with an entry per lookup, and optimizers such
-as Adam apply those entries one by one (the square of a sum is not the sum
+gradient as an IndexedSlices with a slice per lookup, and optimizers such
+as Adam apply those slices one by one (the square of a sum is not the sum
 of squares), so each lookup keeps its own row.
 
 Multi-output ops (``tf.split``) are one node; the ``access`` nodes that pick
@@ -26,14 +26,14 @@ import numpy as np
 from .. import _native
 from ..ir.spec import (NUMBER, NUMPY_SCALAR, TENSOR, VARIABLE, classify_operand,
                        spec_of_foreign)
-from ..ir.table import ACCESS, PATTERN_KINDS, OpRow
+from ..ir.table import ACCESS, PATTERN_KINDS, OpEntry
 
 
 class BatchingSignature(typing.NamedTuple):
     """What every node of one type has in common (module docstring): nodes
     with equal batching signatures may run as one batched op."""
 
-    row: OpRow           # the op-table row
+    entry: OpEntry       # the op entry
     attrs: tuple         # the op's other arguments, hashable
     attr_types: tuple    # their types (1 and True are equal; they differ here)
     # Per operand: a Spec if it is per-instance (stacked along a new leading
@@ -62,9 +62,9 @@ class BatchGraph:
         # native/analysis.c): for each node, in order (operands come before
         # their consumers), its operands, batching signature and identity,
         # as described in the module docstring.  Rare cases call back here:
-        # an operand's kind (by type), a row's index positions and whether
-        # its lookups keep their own rows, foreign operands' specs and value
-        # keys, and access nodes of ops evaluated earlier.
+        # an operand's kind (by type), an op entry's index positions and
+        # whether its lookups keep their own rows, foreign operands' specs
+        # and value keys, and access nodes of ops evaluated earlier.
         # ``shared_operand``, per type: which operand positions are shared;
         # ``sources``: in-graph operand nodes of each node (canonical
         # indices), for the schedulers' dependency bookkeeping (a view of
@@ -72,9 +72,9 @@ class BatchGraph:
         (self.type_of, self.duplicate_of, self.operands, self.sources,
          self.signatures, self.shared_operand,
          self.duplicates) = _native.describe_graph(
-            self.nodes, ACCESS, _row_info, _kind_of, spec_of_foreign, _value_key,
+            self.nodes, ACCESS, _entry_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
-        # describe_graph gives each signature as one flat tuple (row, attrs,
+        # describe_graph gives each signature as one flat tuple (entry, attrs,
         # attr types, then a part per operand); named here, once per type.
         self.signatures = [BatchingSignature(flat[0], flat[1], flat[2], flat[3:])
                            for flat in self.signatures]
@@ -120,7 +120,7 @@ def _take_output(access_node, source):
 
 
 def _stable_name(node, operands):
-    parts = [node.row.name, repr(node.attrs)]
+    parts = [node.entry.name, repr(node.attrs)]
     for operand in operands:
         if isinstance(operand, NodeOperand):
             spec = operand.node.spec
@@ -140,14 +140,14 @@ def _stable_name(node, operands):
     return " ".join(parts)
 
 
-def _row_info(row):
+def _entry_info(entry):
     """(index positions, which lookups keep their own row): ``gathers`` is
     True/False for a pattern, else the operand position whose being a
     variable makes the node a lookup of its rows (module docstring), or
     None."""
-    if row.node_kind in PATTERN_KINDS:
-        return row.index_positions, bool(row.pattern.gathers_variable_rows)
-    return row.index_positions, row.gathers_from
+    if entry.node_kind in PATTERN_KINDS:
+        return entry.index_positions, bool(entry.pattern.gathers_variable_rows)
+    return entry.index_positions, entry.gathers_from
 
 
 # Kinds of a foreign operand (by its type), as describe_graph reads them: a

@@ -40,11 +40,11 @@ ROWS = "rows"       # one row per instance, of a buffer
 
 
 class Kind:
-    """What the steps of one node type run: ``row`` with ``attrs``;
+    """What the steps of one node type run: ``entry`` with ``attrs``;
     ``operands``, per position, (SHARED, value) or (ROWS, buffer);
     ``outputs``, the buffer of each output, None for one not kept."""
 
-    __slots__ = ("row", "attrs", "spec", "operands", "outputs")
+    __slots__ = ("entry", "attrs", "spec", "operands", "outputs")
 
     def key(self, buffers):
         """What a compiled program depends on: never rows or tensor values;
@@ -62,7 +62,7 @@ class Kind:
                 operands.append((SHARED, "tensor", value.dtype, tuple(value.shape)))
             else:
                 operands.append((SHARED, type(value), value))
-        return (self.row, self.attrs, tuple(map(type, self.attrs)),
+        return (self.entry, self.attrs, tuple(map(type, self.attrs)),
                 tuple(operands),
                 tuple(None if buffer is None else buffers[buffer]
                       for buffer in self.outputs))
@@ -175,7 +175,7 @@ def outline(graph, batches, required=(), max_kinds=None):
         node = graph.nodes[example]
         operand_specs = graph.signatures[node_type].operands
         kind = Kind()
-        kind.row, kind.attrs, kind.spec = node.row, node.attrs, node.spec
+        kind.entry, kind.attrs, kind.spec = node.entry, node.attrs, node.spec
         kind.operands = [
             (SHARED, graph.operands[example][position]) if is_shared
             else (ROWS, buffer_of[_buffer_spec(operand_specs[position])])
@@ -212,7 +212,7 @@ def _fill(graph, program, kind_of_type, batches):
     inputs' rows follow the computed ones, Python values then nodes."""
     kinds = [(tuple((position, buffer) for position, (operand_kind, buffer)
                     in enumerate(kind.operands) if operand_kind == ROWS),
-              tuple(kind.outputs), kind.row.multi_output)
+              tuple(kind.outputs), kind.entry.multi_output)
              for kind in program.kinds]
     type_kinds = [-1] * len(graph.signatures)
     for node_type, kind_number in kind_of_type.items():
@@ -227,7 +227,7 @@ def _fill(graph, program, kind_of_type, batches):
 
 
 def _output_specs(node):
-    specs = node.spec if node.row.multi_output else (node.spec,)
+    specs = node.spec if node.entry.multi_output else (node.spec,)
     return [_buffer_spec(spec) for spec in specs]
 
 

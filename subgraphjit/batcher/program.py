@@ -192,9 +192,9 @@ class _Shared:
             for position, (operand_kind, value) in enumerate(kind.operands):
                 if operand_kind == SHARED and _is_tensor(value):
                     places[position] = self._add(value)
-            if kind.row.node_kind in PATTERN_KINDS:
+            if kind.entry.node_kind in PATTERN_KINDS:
                 places["captured"] = [self._add(value)
-                                      for value in kind.row.pattern.captured_values]
+                                      for value in kind.entry.pattern.captured_values]
             self.places.append(places)
 
     def _add(self, value):
@@ -247,11 +247,11 @@ class _Compiled:
             raise TypeError("this TensorFlow has no tensorflow.python.eager.record, "
                             "which joins a program to the user's tape")
         for kind in program.kinds:
-            if kind.row.family == "layer":
+            if kind.entry.family == "layer":
                 # A Keras layer reads its variables inside the trace, not as
                 # _Shared arguments: the custom backward would give them no
                 # gradient.  Such programs run step by step.
-                raise NoRule(f"{kind.row.name}: a Keras layer's variables "
+                raise NoRule(f"{kind.entry.name}: a Keras layer's variables "
                              "are not arguments of a compiled program")
         self.kinds, self.buffers = program.kinds, program.buffers
         self.kind_keys, self.key = program.kind_keys, program.key
@@ -466,22 +466,22 @@ class _Compiled:
     def _run(self, kind_number, values, shared, count):
         """The kind's results for stacked ``values``: a list, one per output."""
         kind = self.kinds[kind_number]
-        row = kind.row
+        op_entry = kind.entry
         flags = [operand_kind == SHARED for operand_kind, _ in kind.operands]
         if all(flags):   # the same value for every instance
-            one = row.call(values, kind.attrs)
-            outputs = list(one) if row.multi_output else [one]
+            one = op_entry.call(values, kind.attrs)
+            outputs = list(one) if op_entry.multi_output else [one]
             return [tf.repeat(tf.expand_dims(output, 0), count, 0) for output in outputs]
-        if row.node_kind in PATTERN_KINDS:
+        if op_entry.node_kind in PATTERN_KINDS:
             captured = [shared[n] for n in self.shared.places[kind_number]["captured"]]
-            body = row.pattern.stacked_body(
+            body = op_entry.pattern.stacked_body(
                 [specs.spec(*self.buffers[buffer])
                  for (_, buffer), is_shared in zip(kind.operands, flags) if not is_shared])
             results = body([v for v, is_shared in zip(values, flags) if not is_shared],
                            captured)
         else:
             results = _batched(kind, values, flags, count)
-        return list(results) if row.multi_output else [results]
+        return list(results) if op_entry.multi_output else [results]
 
     # -- the backward ----------------------------------------------------------
     def _backward(self, *arguments):
@@ -733,25 +733,25 @@ def _gradient(value, gradient):
 
 def _looked_up(kind, places):
     """Shared-argument numbers whose rows the kind gathers."""
-    row = kind.row
-    if row.node_kind in PATTERN_KINDS:
+    op_entry = kind.entry
+    if op_entry.node_kind in PATTERN_KINDS:
         return [number for number, looked_up in
-                zip(places["captured"], row.pattern.captured_looked_up) if looked_up]
-    if row.gathers_from is not None and row.gathers_from in places:
-        return [places[row.gathers_from]]
+                zip(places["captured"], op_entry.pattern.captured_looked_up) if looked_up]
+    if op_entry.gathers_from is not None and op_entry.gathers_from in places:
+        return [places[op_entry.gathers_from]]
     return []
 
 
 def _batched(kind, values, flags, count):
     """A single op on stacked operands: its batch rule, else per instance."""
-    row, attrs = kind.row, kind.attrs
+    op_entry, attrs = kind.entry, kind.attrs
     ranks = [len(getattr(value, "shape", ())) if is_shared else len(value.shape) - 1
              for value, is_shared in zip(values, flags)]
-    output_spec = kind.spec[0] if row.multi_output else kind.spec
-    rule = rule_for(row)
+    output_spec = kind.spec[0] if op_entry.multi_output else kind.spec
+    rule = rule_for(op_entry)
     if rule is not None:
         try:
-            return rule(row, attrs, values, flags, ranks, output_spec, count)
+            return rule(op_entry, attrs, values, flags, ranks, output_spec, count)
         except NoRule:
             pass
         if any(flags):
@@ -760,7 +760,7 @@ def _batched(kind, values, flags, count):
             rows = [tf.repeat(tf.expand_dims(tf.convert_to_tensor(value), 0), count, 0)
                     if is_shared else value for value, is_shared in zip(values, flags)]
             try:
-                return rule(row, attrs, rows, [False] * len(rows), ranks,
+                return rule(op_entry, attrs, rows, [False] * len(rows), ranks,
                             output_spec, count)
             except NoRule:
                 pass
@@ -769,17 +769,17 @@ def _batched(kind, values, flags, count):
 
 def _each_instance(kind, values, flags, count):
     """The op run once per instance, in a loop over the step's rows."""
-    row, attrs = kind.row, kind.attrs
-    specs = kind.spec if row.multi_output else [kind.spec]
+    op_entry, attrs = kind.entry, kind.attrs
+    specs = kind.spec if op_entry.multi_output else [kind.spec]
     signature = [tf.TensorSpec(spec.shape, spec.dtype) for spec in specs]
 
     def one(instance):
-        result = row.call([value if is_shared else value[instance]
-                           for value, is_shared in zip(values, flags)], attrs)
-        return list(result) if row.multi_output else [result]
+        result = op_entry.call([value if is_shared else value[instance]
+                                for value, is_shared in zip(values, flags)], attrs)
+        return list(result) if op_entry.multi_output else [result]
 
     results = tf.map_fn(one, tf.range(count), fn_output_signature=signature)
-    return results if row.multi_output else results[0]
+    return results if op_entry.multi_output else results[0]
 
 
 def run(program, compiled, graph, statistics):
@@ -797,11 +797,11 @@ def run(program, compiled, graph, statistics):
     kinds, counts = program.steps[:, 0], program.steps[:, 1]
     statistics["batch_sizes"].update(counts.tolist())
     for kind_number, kind in enumerate(program.kinds):
-        if kind.row.node_kind not in PATTERN_KINDS and rule_for(kind.row) is None and not all(
-                operand_kind == SHARED for operand_kind, _ in kind.operands):
+        if kind.entry.node_kind not in PATTERN_KINDS and rule_for(kind.entry) is None \
+                and not all(operand_kind == SHARED for operand_kind, _ in kind.operands):
             unbatched = int(counts[(kinds == kind_number) & (counts > 1)].sum())
             if unbatched:
-                statistics["unbatched"][f"{kind.row.name}: no batch rule"] += unbatched
+                statistics["unbatched"][f"{kind.entry.name}: no batch rule"] += unbatched
     results = _native.write_back(graph.nodes, graph.operands, *program.places,
                                  list(outputs), ACCESS)
     # A node nothing reads, such as the loss, is what the user

@@ -6,7 +6,7 @@ one value every instance shares (a tf.Variable, a tensor, a Python number),
 and returns the result for all instances stacked the same way (a list of
 them for multi-output ops).  The batched op is the instance op with its
 attributes moved one axis right, so ``batched[i]`` equals the op on instance
-i -- the property the differential tests check for every row.
+i -- the property the differential tests check for every op entry.
 
 A group whose op has no rule, or whose operands a rule cannot take, raises
 ``NoRule`` with the reason; the executor then runs it per instance and counts
@@ -54,16 +54,16 @@ def _aligned(values, shared, instance_ranks, output_rank, count):
     return aligned
 
 
-def broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count):
+def broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """Elementwise and broadcasting ops, matmul, losses: the op broadcasts
     over the batch axis by itself once ranks are aligned."""
     output_rank = len(output_spec.shape)
     aligned = _aligned(values, shared, ranks, output_rank, count)
     hook = _hooks["rows"]
-    if (hook is not None and row.name in ROWS_GRADIENTS and not any(shared)
+    if (hook is not None and entry.name in ROWS_GRADIENTS and not any(shared)
             and _same_rows(*aligned)):
-        return hook(row.name, *aligned, lambda: row.call(aligned, attrs))
-    return row.call(aligned, attrs)
+        return hook(entry.name, *aligned, lambda: entry.call(aligned, attrs))
+    return entry.call(aligned, attrs)
 
 
 # The gradients of binary ops on two operands of one shape, stacked rows
@@ -117,11 +117,11 @@ def hooks(products=None, rows=None):
         _hooks.update(outer)
 
 
-def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
+def matmul_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """Stacked rows times a shared weight matrix: one plain matrix product of
     all instances' rows (a broadcast batched product would be far slower, and
     its gradient would materialise one weight-sized product per instance)."""
-    options = dict(zip(row.attr_params, attrs))
+    options = dict(zip(entry.attr_params, attrs))
     flags = any(options.get(flag) for flag in (
         "transpose_a", "adjoint_a", "a_is_sparse", "b_is_sparse"))
     if (not flags and tuple(shared) == (False, True) and list(ranks) == [2, 2]
@@ -130,7 +130,7 @@ def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
         a = tf.reshape(values[0], (-1, inner))
 
         def compute():
-            return row.call([a, values[1]], attrs)
+            return entry.call([a, values[1]], attrs)
 
         hook = _hooks["products"]
         if hook is None or not output_spec.dtype.is_floating:
@@ -140,7 +140,7 @@ def matmul_rule(row, attrs, values, shared, ranks, output_spec, count):
                 options.get("transpose_b") or options.get("adjoint_b")), compute)
         return tf.reshape(product, (count, rows, product.shape[-1]))
     # Two stacked operands (MV-RNN) or higher ranks: a batched product.
-    return broadcasting_rule(row, attrs, values, shared, ranks, output_spec, count)
+    return broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count)
 
 
 def _tensordot_axes(axes, rank_a, rank_b):
@@ -153,13 +153,13 @@ def _tensordot_axes(axes, rank_a, rank_b):
     return ([a % rank_a for a in pair[0]], [b % rank_b for b in pair[1]])
 
 
-def tensordot_rule(row, attrs, values, shared, ranks, output_spec, count):
+def tensordot_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """tf.tensordot, such as the matrix-vector idiom ``tf.tensordot(W, x,
     axes=1)`` with W shared: one tensordot of the shared operand with all
     instances stacked, whose batch axis is a free axis of the product (first
     among the stacked operand's free axes), moved to the front.  Both
     operands per instance: one einsum, the batch axis shared."""
-    axes = dict(zip(row.attr_params, attrs))["axes"]
+    axes = dict(zip(entry.attr_params, attrs))["axes"]
     if not isinstance(axes, (int, tuple)):
         raise NoRule(f"tensordot axes {axes!r}")
     axes_a, axes_b = _tensordot_axes(axes, ranks[0], ranks[1])
@@ -184,68 +184,68 @@ def tensordot_rule(row, attrs, values, shared, ranks, output_spec, count):
     return tf.transpose(product, order)
 
 
-def _with(attrs, row, **changes):
-    names = row.attr_params
+def _with(attrs, entry, **changes):
+    names = entry.attr_params
     return tuple(changes.get(name, value) for name, value in zip(names, attrs))
 
 
-def _reduction(attrs, rank, output_spec, count, row):
-    axis = dict(zip(row.attr_params, attrs)).get("axis")
+def _reduction(attrs, rank, output_spec, count, entry):
+    axis = dict(zip(entry.attr_params, attrs)).get("axis")
     if axis is None:
-        if row.name in ("math.argmax", "math.argmin"):
+        if entry.name in ("math.argmax", "math.argmin"):
             axis = 0
-        elif row.name in ("nn.softmax", "nn.log_softmax"):
+        elif entry.name in ("nn.softmax", "nn.log_softmax"):
             axis = -1
         else:
-            return _with(attrs, row, axis=tuple(range(1, rank + 1)))
-    return _with(attrs, row, axis=_shift_axis(axis, rank))
+            return _with(attrs, entry, axis=tuple(range(1, rank + 1)))
+    return _with(attrs, entry, axis=_shift_axis(axis, rank))
 
 
-def _list_axis(attrs, rank, output_spec, count, row):
-    axis = dict(zip(row.attr_params, attrs)).get("axis")
+def _list_axis(attrs, rank, output_spec, count, entry):
+    axis = dict(zip(entry.attr_params, attrs)).get("axis")
     if axis is None:
         return attrs
-    if row.name == "stack":
+    if entry.name == "stack":
         rank += 1  # stack may name the new axis
-    return _with(attrs, row, axis=_shift_axis(axis, rank))
+    return _with(attrs, entry, axis=_shift_axis(axis, rank))
 
 
-def _reshape(attrs, rank, output_spec, count, row):
-    return _with(attrs, row, shape=(count,) + tuple(output_spec.shape))
+def _reshape(attrs, rank, output_spec, count, entry):
+    return _with(attrs, entry, shape=(count,) + tuple(output_spec.shape))
 
 
-def _transpose(attrs, rank, output_spec, count, row):
-    perm = dict(zip(row.attr_params, attrs))["perm"]
+def _transpose(attrs, rank, output_spec, count, entry):
+    perm = dict(zip(entry.attr_params, attrs))["perm"]
     if perm is None:
         perm = tuple(range(rank - 1, -1, -1))
-    return _with(attrs, row, perm=(0,) + tuple(int(p) % rank + 1 for p in perm))
+    return _with(attrs, entry, perm=(0,) + tuple(int(p) % rank + 1 for p in perm))
 
 
-def _squeeze(attrs, rank, output_spec, count, row):
-    axis = dict(zip(row.attr_params, attrs))["axis"]
+def _squeeze(attrs, rank, output_spec, count, entry):
+    axis = dict(zip(entry.attr_params, attrs))["axis"]
     if axis is None or axis == ():
         raise NoRule("squeeze without an axis depends on the batch size")
-    return _with(attrs, row, axis=_shift_axis(axis, rank))
+    return _with(attrs, entry, axis=_shift_axis(axis, rank))
 
 
-def _expand_dims(attrs, rank, output_spec, count, row):
-    axis = int(dict(zip(row.attr_params, attrs))["axis"])
-    return _with(attrs, row, axis=axis + 1 if axis >= 0 else axis)
+def _expand_dims(attrs, rank, output_spec, count, entry):
+    axis = int(dict(zip(entry.attr_params, attrs))["axis"])
+    return _with(attrs, entry, axis=axis + 1 if axis >= 0 else axis)
 
 
-def _tile(attrs, rank, output_spec, count, row):
-    multiples = dict(zip(row.attr_params, attrs))["multiples"]
-    return _with(attrs, row, multiples=(1,) + tuple(multiples))
+def _tile(attrs, rank, output_spec, count, entry):
+    multiples = dict(zip(entry.attr_params, attrs))["multiples"]
+    return _with(attrs, entry, multiples=(1,) + tuple(multiples))
 
 
-def _one_hot(attrs, rank, output_spec, count, row):
-    axis = dict(zip(row.attr_params, attrs)).get("axis")
+def _one_hot(attrs, rank, output_spec, count, entry):
+    axis = dict(zip(entry.attr_params, attrs)).get("axis")
     if axis is None or axis == -1:
         return attrs
-    return _with(attrs, row, axis=_shift_axis(axis, rank + 1))
+    return _with(attrs, entry, axis=_shift_axis(axis, rank + 1))
 
 
-def _getitem(attrs, rank, output_spec, count, row):
+def _getitem(attrs, rank, output_spec, count, entry):
     slice_spec = attrs[0]
     if not isinstance(slice_spec, tuple) or isinstance(slice_spec, FrozenSlice):
         slice_spec = (slice_spec,)
@@ -268,59 +268,59 @@ def gather_rows(table, rows):
     return tf.gather(table, rows), gradient
 
 
-def gather_rule(row, attrs, values, shared, ranks, output_spec, count):
-    options = dict(zip(row.attr_params, attrs))
+def gather_rule(entry, attrs, values, shared, ranks, output_spec, count):
+    options = dict(zip(entry.attr_params, attrs))
     axis = options.get("axis") or 0
     batch_dims = options.get("batch_dims") or 0
     params_shared, indices_shared = shared[0], shared[1]
-    if row.name == "nn.embedding_lookup":
+    if entry.name == "nn.embedding_lookup":
         if options.get("max_norm") is not None:
             raise NoRule("embedding lookup with max_norm")
         if params_shared:
-            return row.call(values, attrs)  # one lookup of all instances' ids
+            return entry.call(values, attrs)  # one lookup of all instances' ids
         # Per-instance tables: a gather along each instance's first axis.
         return tf.gather(values[0], values[1], axis=1,
                          batch_dims=0 if indices_shared else 1)
     if params_shared:
         if axis != 0 or batch_dims != 0:
             raise NoRule("gather from a shared table along a later axis")
-        return row.call(values, attrs)
+        return entry.call(values, attrs)
     if axis < 0:
         axis += ranks[0]
     if indices_shared:
         if batch_dims:
             raise NoRule("gather with batch_dims and shared indices")
-        return row.call(values, _with(attrs, row, axis=axis + 1))
-    return row.call(values, _with(attrs, row, axis=axis + 1,
+        return entry.call(values, _with(attrs, entry, axis=axis + 1))
+    return entry.call(values, _with(attrs, entry, axis=axis + 1,
                                   batch_dims=batch_dims + 1))
 
 
-def _split(attrs, rank, output_spec, count, row):
-    axis = dict(zip(row.attr_params, attrs))["axis"]
-    return _with(attrs, row, axis=_shift_axis(axis, rank))
+def _split(attrs, rank, output_spec, count, entry):
+    axis = dict(zip(entry.attr_params, attrs))["axis"]
+    return _with(attrs, entry, axis=_shift_axis(axis, rank))
 
 
 def _bound(transform):
-    """Attribute transforms get their row too (they look up parameters)."""
-    def rule(row, attrs, values, shared, ranks, output_spec, count):
+    """Attribute transforms get their op entry too (they look up parameters)."""
+    def rule(entry, attrs, values, shared, ranks, output_spec, count):
         if any(shared):
             raise NoRule("an operand of a layout op is shared")
-        return row.call(values, transform(attrs, ranks[0], output_spec, count, row))
+        return entry.call(values, transform(attrs, ranks[0], output_spec, count, entry))
     return rule
 
 
-def no_shared_rule(row, attrs, values, shared, ranks, output_spec, count):
+def no_shared_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """Ops that need equal operand shapes (add_n, the losses)."""
     if any(shared):
-        raise NoRule(f"{row.name} with a shared operand")
-    return row.call(values, attrs)
+        raise NoRule(f"{entry.name} with a shared operand")
+    return entry.call(values, attrs)
 
 
-def bias_add_rule(row, attrs, values, shared, ranks, output_spec, count):
-    if dict(zip(row.attr_params, attrs)).get("data_format") not in (None, "NHWC"):
+def bias_add_rule(entry, attrs, values, shared, ranks, output_spec, count):
+    if dict(zip(entry.attr_params, attrs)).get("data_format") not in (None, "NHWC"):
         raise NoRule("bias_add with a channels-first data format")
     if shared[1]:
-        return row.call(values, attrs)
+        return entry.call(values, attrs)
     # A bias per instance: an add, with the bias on the value's last axis.
     value, bias = values
     bias = tf.reshape(bias, [count] + [1] * (ranks[0] - 1) + [bias.shape[-1]])
@@ -336,19 +336,20 @@ _FAMILY_RULES = {
     "matmul": matmul_rule,
 }
 
-_ROW_RULES = {
+_ENTRY_RULES = {
     "tensordot": tensordot_rule,
     "nn.bias_add": bias_add_rule,
     "nn.softmax_cross_entropy_with_logits": _bound(  # no shared operands
-        lambda attrs, rank, spec, count, row: _with(
-            attrs, row, axis=_shift_axis(dict(zip(row.attr_params, attrs))["axis"], rank))),
+        lambda attrs, rank, spec, count, entry: _with(attrs, entry, axis=_shift_axis(
+            dict(zip(entry.attr_params, attrs))["axis"], rank))),
     "reshape": _bound(_reshape),
     "transpose": _bound(_transpose),
     "expand_dims": _bound(_expand_dims),
     "squeeze": _bound(_squeeze),
     "tile": _bound(_tile),
-    "reverse": _bound(lambda attrs, rank, spec, count, row: _with(
-        attrs, row, axis=_shift_axis(tuple(dict(zip(row.attr_params, attrs))["axis"]), rank))),
+    "reverse": _bound(lambda attrs, rank, spec, count, entry: _with(
+        attrs, entry,
+        axis=_shift_axis(tuple(dict(zip(entry.attr_params, attrs))["axis"]), rank))),
     "concat": _bound(_list_axis),
     "stack": _bound(_list_axis),
     "math.add_n": no_shared_rule,
@@ -361,18 +362,18 @@ _ROW_RULES = {
 }
 
 
-def rule_for(row):
-    """The batch rule of an op-table row, or None if it has none."""
-    if row.name in _ROW_RULES:
-        return _ROW_RULES[row.name]
-    if row.family == "reduction":
+def rule_for(entry):
+    """The batch rule of an op entry, or None if it has none."""
+    if entry.name in _ENTRY_RULES:
+        return _ENTRY_RULES[entry.name]
+    if entry.family == "reduction":
         return _bound(_reduction)
-    return _FAMILY_RULES.get(row.family)
+    return _FAMILY_RULES.get(entry.family)
 
 
 def register_family_rule(family, rule):
-    """Make ``rule`` the batch rule of every row of ``family``: a family of
-    rows made outside the op table registers its own when its module loads
+    """Make ``rule`` the batch rule of every entry of ``family``: a family of
+    entries made outside the op table registers its own when its module loads
     (patterns/codegen.py: a compiled pattern; dropin/layers.py: a Keras
     layer's call), so this module imports neither."""
     _FAMILY_RULES[family] = rule

@@ -60,7 +60,7 @@ _SEGMENT_OPS = {"math.reduce_sum": tf.math.segment_sum,
                 "math.reduce_mean": tf.math.segment_mean,
                 "math.reduce_max": tf.math.segment_max,
                 "math.reduce_min": tf.math.segment_min}
-_MATMUL_ROWS = ("linalg.matmul", "operator.matmul")
+_MATMUL_ENTRIES = ("linalg.matmul", "operator.matmul")
 _MATMUL_FLAGS = ("transpose_a", "adjoint_a", "a_is_sparse", "b_is_sparse")
 _ROW_WISE_LOSSES = ("nn.sparse_softmax_cross_entropy_with_logits",
                     "nn.sigmoid_cross_entropy_with_logits",
@@ -73,7 +73,7 @@ def merge_types(graph):
     Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
     graph.varying = {}
     signatures = graph.signatures
-    if any(signature.row.node_kind in PATTERN_KINDS for signature in signatures):
+    if any(signature.entry.node_kind in PATTERN_KINDS for signature in signatures):
         # Patterns (granularity "subgraph") run per input shape; joining
         # the ops around them made the minibatch slower, not faster
         # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
@@ -167,8 +167,8 @@ def _shape_free_key(signature):
 
 
 def _key(signature, describe):
-    row = signature.row
-    if row.multi_output or row.family not in (
+    entry = signature.entry
+    if entry.multi_output or entry.family not in (
             "elementwise", "broadcasting", "matmul", "reduction", "gather", "loss"):
         return None
     parts = []
@@ -183,7 +183,7 @@ def _key(signature, describe):
             parts.append((part.dtype, part.python_type, describe(part.shape)))
     if not varies:
         return None
-    return (row, signature.attrs, signature.attr_types, tuple(parts))
+    return (entry, signature.attrs, signature.attr_types, tuple(parts))
 
 
 def _padded_kind(node, shared, signature):
@@ -193,28 +193,28 @@ def _padded_kind(node, shared, signature):
     a Python number); PADDED_SOFTMAX for softmax, padding masked out; else
     None.  Every consumer reads only an instance's own elements (``run``),
     so what the padding computes never reaches a value or a gradient."""
-    row, output = node.row, node.spec
+    entry, output = node.entry, node.spec
     if isinstance(output, tuple) or output.dtype is None or len(output.shape) < 2:
         return None   # (vectors: see _kind)
     specs = [part for part, is_shared in zip(signature.operands, shared) if not is_shared]
     if any(spec.python_type is not None or spec.dtype is None for spec in specs):
         return None
-    options = dict(zip(row.attr_params, node.attrs))
-    if row.name in _MATMUL_ROWS:
+    options = dict(zip(entry.attr_params, node.attrs))
+    if entry.name in _MATMUL_ENTRIES:
         if any(shared) or any(options.get(flag) for flag in (
                 "adjoint_a", "adjoint_b", "a_is_sparse", "b_is_sparse")) or any(
                 len(spec.shape) != 2 for spec in specs):
             return None
         return PADDED
-    if row.family == "elementwise":
+    if entry.family == "elementwise":
         return PADDED
-    if row.family == "broadcasting" and row.name != "nn.bias_add":
+    if entry.family == "broadcasting" and entry.name != "nn.bias_add":
         if any(spec.shape != output.shape for spec in specs) or any(
                 part[0] == "shared"
                 for part, is_shared in zip(signature.operands, shared) if is_shared):
             return None   # only Python numbers shared: (float, 0.5) parts
         return PADDED
-    if row.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
+    if entry.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
         axis = options.get("axis")
         if axis is not None and not isinstance(axis, (int, np.integer)):
             return None
@@ -226,7 +226,7 @@ def _kind(node, operands, shared, signature):
     """How nodes of this type batch over their first axis (ROWS, SEGMENTS,
     SOFTMAX), or None if they cannot.  A type's specs and shared operands
     are its nodes', so one node decides for all."""
-    row, output = node.row, node.spec
+    entry, output = node.entry, node.spec
     if isinstance(output, tuple) or output.dtype is None:
         return None
     specs = [None if is_shared else part
@@ -239,9 +239,9 @@ def _kind(node, operands, shared, signature):
         # child-sum cell's [h] and [3h]) as a length, and such types batch
         # well, and compile, as they are.
         return None
-    options = dict(zip(row.attr_params, node.attrs))
+    options = dict(zip(entry.attr_params, node.attrs))
     output_rows = output.shape[0] if output.shape else None
-    family = row.family
+    family = entry.family
 
     def rows_match():
         return all(spec is None or spec.shape[0] == output_rows for spec in specs)
@@ -249,7 +249,7 @@ def _kind(node, operands, shared, signature):
     if family == "elementwise":
         return ROWS if rows_match() else None
     if family == "broadcasting":
-        if row.name == "nn.bias_add" and options.get("data_format") not in (None, "NHWC"):
+        if entry.name == "nn.bias_add" and options.get("data_format") not in (None, "NHWC"):
             return None
         rank = len(output.shape)
         if not rank or not rows_match():
@@ -263,13 +263,13 @@ def _kind(node, operands, shared, signature):
                     return None
         return ROWS
     if family == "matmul":
-        if (row.name not in _MATMUL_ROWS or tuple(shared) != (False, True)
+        if (entry.name not in _MATMUL_ENTRIES or tuple(shared) != (False, True)
                 or any(options.get(flag) for flag in _MATMUL_FLAGS)
                 or len(specs[0].shape) != 2 or len(tuple(operands[1].shape)) != 2):
             return None
         return ROWS
     if family == "gather":
-        if (row.name not in ("gather", "nn.embedding_lookup")
+        if (entry.name not in ("gather", "nn.embedding_lookup")
                 or tuple(shared) != (True, False)
                 or options.get("axis") not in (None, 0)
                 or options.get("batch_dims") not in (None, 0)
@@ -277,27 +277,27 @@ def _kind(node, operands, shared, signature):
             return None
         return ROWS if rows_match() else None
     if family == "loss":
-        if row.name not in _ROW_WISE_LOSSES or any(shared) or not rows_match():
+        if entry.name not in _ROW_WISE_LOSSES or any(shared) or not rows_match():
             return None
         axis = options.get("axis", -1)
         if axis is not None and int(axis) % len(specs[1].shape) == 0:
             return None
         return ROWS
     if family == "reduction":
-        return _reduction_kind(row, options, specs[0], output, rows_match())
+        return _reduction_kind(entry, options, specs[0], output, rows_match())
     return None
 
 
-def _reduction_kind(row, options, spec, output, rows_match):
+def _reduction_kind(entry, options, spec, output, rows_match):
     rank = len(spec.shape)
     axis = options.get("axis")
-    if row.name in ("nn.softmax", "nn.log_softmax"):
+    if entry.name in ("nn.softmax", "nn.log_softmax"):
         axis = -1 if axis is None else axis
         if not isinstance(axis, (int, np.integer)) or not spec.dtype.is_floating:
             return None
         return SOFTMAX if int(axis) % rank == 0 else (ROWS if rows_match else None)
     if axis is None:
-        if row.name in ("math.argmax", "math.argmin"):
+        if entry.name in ("math.argmax", "math.argmin"):
             axes = {0}
         elif rank == 1:
             axes = {0}
@@ -310,8 +310,8 @@ def _reduction_kind(row, options, spec, output, rows_match):
         axes = {int(a) % rank for a in items}
     if 0 not in axes:
         return ROWS if rows_match else None
-    if axes == {0} and row.name in _SEGMENT_OPS and (
-            spec.dtype.is_floating or row.name != "math.reduce_mean"):
+    if axes == {0} and entry.name in _SEGMENT_OPS and (
+            spec.dtype.is_floating or entry.name != "math.reduce_mean"):
         return SEGMENTS
     return None
 
@@ -344,22 +344,22 @@ def run(executor, indices, kind):
               else _concatenated(executor, operands, specs[position])
               for position, shared_value, operands in _by_position(graph, indices)]
     statistics = executor.statistics
-    statistics["varying_batches"][first.row.name] += 1
-    statistics["varying_instances"][first.row.name] += len(indices)
+    statistics["varying_batches"][first.entry.name] += 1
+    statistics["varying_instances"][first.entry.name] += len(indices)
     if kind == ROWS:
-        batched = first.row.call(values, first.attrs)
+        batched = first.entry.call(values, first.attrs)
         places = _row_slices(lengths)
     else:
         segment_ids = tf.constant(np.repeat(np.arange(len(indices), dtype=np.int32),
                                             lengths))
         if kind == SEGMENTS:
-            batched = _SEGMENT_OPS[first.row.name](values[0], segment_ids)
-            if dict(zip(first.row.attr_params, first.attrs)).get("keepdims"):
+            batched = _SEGMENT_OPS[first.entry.name](values[0], segment_ids)
+            if dict(zip(first.entry.attr_params, first.attrs)).get("keepdims"):
                 batched = tf.expand_dims(batched, 1)
             places = range(len(indices))
         else:
             batched = segment_softmax(values[0], segment_ids, len(indices),
-                                      log=first.row.name == "nn.log_softmax")
+                                      log=first.entry.name == "nn.log_softmax")
             places = _row_slices(lengths)
     for index, place in zip(indices, places):
         executor.batch_of[index] = batched
@@ -399,7 +399,7 @@ def run_padded(executor, indices, kind):
         locations = _locations(executor, operands, specs[position])
         padded_shape = tuple(np.max(shapes, axis=0))
         source = locations[0][0]
-        if ((kind == PADDED_SOFTMAX or _padding_safe(first.row.name, shared)) and all(
+        if ((kind == PADDED_SOFTMAX or _padding_safe(first.entry.name, shared)) and all(
                 where is source and type(row) is tuple and row[0] == k
                 for k, (where, row) in enumerate(locations))
                 and tuple(source.shape) == (count, *padded_shape)):
@@ -420,15 +420,15 @@ def run_padded(executor, indices, kind):
         # Masked logits at the dtype's lowest: exp gives an exact 0 beside
         # any real logit (a row all padding is uniform, and never read).
         values[0] = tf.where(tf.constant(mask), values[0], values[0].dtype.min)
-        options = dict(zip(first.row.attr_params, attrs))
+        options = dict(zip(first.entry.attr_params, attrs))
         axis = options.get("axis")
         axis = -1 if axis is None else int(axis)
         attrs = tuple(axis + 1 if name == "axis" and axis >= 0 else value
-                      for name, value in zip(first.row.attr_params, attrs))
-    batched = first.row.call(values, attrs)
+                      for name, value in zip(first.entry.attr_params, attrs))
+    batched = first.entry.call(values, attrs)
     statistics = executor.statistics
-    statistics["varying_batches"][first.row.name] += 1
-    statistics["varying_instances"][first.row.name] += count
+    statistics["varying_batches"][first.entry.name] += 1
+    statistics["varying_instances"][first.entry.name] += count
     statistics["padding_elements"] += count * int(np.prod(padded_shape)) - sum(
         int(np.prod(shape)) for shape in output_shapes)
     for instance, (index, shape) in enumerate(zip(indices, output_shapes)):

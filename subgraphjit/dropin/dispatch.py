@@ -7,13 +7,13 @@ argument of a registered type.  With VirtualNode registered, a node given to
 TensorFlow's own functions -- called by the user through the real
 ``tensorflow`` module, by a library, or by TensorFlow itself -- is recorded:
 
-* an op-table API records its row through the row's generated dispatch
-  target (``record.build_row_functions``): the very ``record`` call of the
+* an op-table API records its entry through the entry's generated dispatch
+  target (``record.build_entry_functions``): the very ``record`` call of the
   subgraphjit wrapper, so the op batches as if called through subgraphjit;
 * the operators of a ``tf.Tensor`` with a node on the right
-  (``tf.zeros(shape) + node``) record the VirtualNode operator rows, as
+  (``tf.zeros(shape) + node``) record the VirtualNode operator entries, as
   ``node + tensor`` does (the comparisons, ``-`` and ``/`` reach table ops);
-* any other API records a *generic row* (family ``generic``: no batch rule,
+* any other API records a *generic entry* (family ``generic``: no batch rule,
   so it runs once per instance), if it passes the checks of ``GenericApi``.
 
 A target returns NotImplemented, and TensorFlow runs its own implementation
@@ -35,9 +35,9 @@ from tensorflow.python.util import dispatch as tf_dispatch
 
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.record import build_row_functions, record, user_site
+from ..ir.record import build_entry_functions, record, user_site
 from ..ir.spec import NUMBER, TENSOR_LIKE, NotLazy, classify_operand, spec
-from ..ir.table import OPERATOR_ROWS, ROWS_BY_NAME, TF_ROWS, OpRow, thaw
+from ..ir.table import ENTRIES_BY_NAME, OPERATOR_ENTRIES, TF_ENTRIES, OpEntry, thaw
 
 # Signatures name the types the recorder takes for every other argument,
 # so a call that also holds a RaggedTensor or SparseTensor matches only
@@ -57,19 +57,19 @@ _PLAIN = typing.Union[_OPERAND, None, str, bytes, complex, dict, slice,
 def install(special_wrappers):
     """Register VirtualNode and every dispatch target (once per process:
     TensorFlow's registry is global).  ``special_wrappers``: TensorFlow
-    functions that need more than a row (tf.shape, tf.nn.dropout) mapped
+    functions that need more than an op entry (tf.shape, tf.nn.dropout) mapped
     to subgraphjit's versions."""
     if getattr(install, "done", False):
         return
     install.done = True
     tf_dispatch.register_dispatchable_type(VirtualNode)
     handled = set()
-    rows_by_path = {}
-    for row in TF_ROWS:
-        _register(row.fn, _row_signatures(row), row.dispatch_target)
-        handled.add(row.fn)
-        for path in _api_names(row.fn) or (row.name,):
-            rows_by_path[path] = row
+    entries_by_path = {}
+    for entry in TF_ENTRIES:
+        _register(entry.fn, _entry_signatures(entry), entry.dispatch_target)
+        handled.add(entry.fn)
+        for path in _api_names(entry.fn) or (entry.name,):
+            entries_by_path[path] = entry
     for function, target in _operator_targets().items():
         _register(function, _node_signatures(function), target)
         handled.add(function)
@@ -82,12 +82,12 @@ def install(special_wrappers):
         if api in handled:
             continue
         # TensorFlow keeps some ops twice under one name (tf.Tensor.__lt__
-        # is an older copy of tf.math.less): the row records both.
-        row = next((rows_by_path[name] for name in _api_names(api)
-                    if name in rows_by_path), None)
-        if row is not None:
+        # is an older copy of tf.math.less): the entry records both.
+        entry = next((entries_by_path[name] for name in _api_names(api)
+                      if name in entries_by_path), None)
+        if entry is not None:
             try:
-                _register(api, _row_signatures(row), row.dispatch_target)
+                _register(api, _entry_signatures(entry), entry.dispatch_target)
                 continue
             except ValueError:   # another signature after all
                 pass
@@ -128,13 +128,13 @@ def _register(api, signatures, target):
         tf.experimental.dispatch_for_api(api, *signatures)(target)
 
 
-def _row_signatures(row):
+def _entry_signatures(entry):
     """One signature per tensor parameter: a node there, and the others
     operands the recorder takes."""
-    if row.list_input:
-        return [{row.tensor_params[0]: _NODE_LIST}]
+    if entry.list_input:
+        return [{entry.tensor_params[0]: _NODE_LIST}]
     return [{name: VirtualNode if name == node else _OPERAND
-             for name in row.tensor_params} for node in row.tensor_params]
+             for name in entry.tensor_params} for node in entry.tensor_params]
 
 
 def _node_signatures(api, first_only=False):
@@ -164,12 +164,12 @@ def _recording_site():
 # -- tf.Tensor's operators ----------------------------------------------------
 # ``tensor + node`` calls tf.Tensor.__add__, which calls a math_ops function
 # with the node.  Where that function is a table op (subtract, truediv, pow,
-# the comparisons, negative, abs), the row's target records it.  The others
-# are registered here: they record the VirtualNode operator row, whose
+# the comparisons, negative, abs), the entry's target records it.  The others
+# are registered here: they record the VirtualNode operator entry, whose
 # evaluation applies Python's operator to the values, so the result is the
 # tf.Tensor operator's own.  (``*``, ``&``, ``|``, ``^``, ``~``, ``@`` and
 # ``%`` go through functions without dispatch support and reach
-# tf.math.multiply, logical_and, matmul, floormod..., which are rows.)
+# tf.math.multiply, logical_and, matmul, floormod..., which are entries.)
 
 def _operator_targets():
     from tensorflow.python.ops import math_ops
@@ -179,7 +179,7 @@ def _operator_targets():
         if site is None:
             return NotImplemented
         try:
-            return record(OPERATOR_ROWS[dunder], operands, (), site)
+            return record(OPERATOR_ENTRIES[dunder], operands, (), site)
         except NotLazy:
             return NotImplemented
 
@@ -187,7 +187,7 @@ def _operator_targets():
         return recorded("__add__", (x, y))
 
     def comparison(dunder):
-        # == and != are symmetric; the operator rows take the node first.
+        # == and != are symmetric; the operator entries take the node first.
         def target(self, other):
             if other is None:   # comparing with None is no op, as eagerly
                 return NotImplemented
@@ -226,11 +226,12 @@ _NEVER = {"convert_to_tensor", "tuple", "identity_n"}
 class GenericApi:
     """A TensorFlow API outside the op table, recorded per instance.
 
-    Its row is made on the first call with a node: the operands are the
-    leading parameters up to the last one holding a tensor, node or variable
-    (or, for a list in the first parameter, its items), the other parameters
-    its attributes, as for a table row -- and the row is built by the same
-    code.  A later call with another layout runs TensorFlow's own code.
+    Its op entry is made on the first call with a node: the operands are
+    the leading parameters up to the last one holding a tensor, node or
+    variable (or, for a list in the first parameter, its items), the other
+    parameters its attributes, as for a table entry -- and the entry is
+    built by the same code.  A later call with another layout runs
+    TensorFlow's own code.
 
     The output spec is inferred by tracing the API on placeholders of the
     operand specs (TensorFlow's shape functions, no values), and a call is
@@ -274,7 +275,7 @@ class GenericApi:
         self.names = [p.name for p in parameters]
         self.defaults = {p.name: p.default for p in parameters
                          if p.default is not inspect.Parameter.empty}
-        self.row = None
+        self.entry = None
         self.refused = None   # why this API is never recorded, once known
         self.__name__ = f"record_{path.replace('.', '_')}"
         self.__signature__ = inspect.Signature(
@@ -287,16 +288,16 @@ class GenericApi:
         layout = self._layout(args, kwargs)
         if layout is None:
             return NotImplemented
-        row = self.row
-        if row is None:
-            row = self.row = self._make_row(*layout)
-        elif (row.tensors, row.list_input) != layout:
+        entry = self.entry
+        if entry is None:
+            entry = self.entry = self._make_entry(*layout)
+        elif (entry.tensors, entry.list_input) != layout:
             return NotImplemented
-        result = row.dispatch_target(*args, **kwargs)
-        if type(result) is list and row.output_type is not list:
+        result = entry.dispatch_target(*args, **kwargs)
+        if type(result) is list and entry.output_type is not list:
             # record gives a multi-output op's outputs as a list; TensorFlow
             # gave a tuple or a namedtuple (tf.math.top_k).
-            output_type = row.output_type
+            output_type = entry.output_type
             result = tuple(result) if output_type is tuple else output_type(*result)
         return result
 
@@ -324,58 +325,58 @@ class GenericApi:
                 return None
         return last + 1, False
 
-    def _make_row(self, tensors, list_input):
-        row = OpRow(self.path, self.api, "generic", tensors=tensors,
-                    list_input=list_input, thaw=thaw)
-        row.infer = self._infer
-        row.output_type = None
-        row.refused_keys = set()
-        build_row_functions(row, self.path.rsplit(".", 1)[-1])
-        row.call = self._call_for(row)
-        # Patterns name their ops' rows by name (patterns/codegen.py); a generic row
-        # renders as tf.<path>(operands, attributes), as a table row does.
-        ROWS_BY_NAME.setdefault(row.name, row)
-        return row
+    def _make_entry(self, tensors, list_input):
+        entry = OpEntry(self.path, self.api, "generic", tensors=tensors,
+                        list_input=list_input, thaw=thaw)
+        entry.infer = self._infer
+        entry.output_type = None
+        entry.refused_keys = set()
+        build_entry_functions(entry, self.path.rsplit(".", 1)[-1])
+        entry.call = self._call_for(entry)
+        # Patterns name their ops' entries by name (patterns/codegen.py); a generic
+        # entry renders as tf.<path>(operands, attributes), as a table entry does.
+        ENTRIES_BY_NAME.setdefault(entry.name, entry)
+        return entry
 
-    def _call_for(self, row):
-        """``row.call`` passing only the attributes given a value other than
+    def _call_for(self, entry):
+        """``entry.call`` passing only the attributes given a value other than
         their default: TensorFlow warns about a deprecated argument passed
         at all (tf.nn.l2_normalize's ``dim``), even as its default."""
-        api, defaults, names = self.api, self.defaults, row.attr_params
+        api, defaults, names = self.api, self.defaults, entry.attr_params
         absent = object()
 
         def call(values, attrs):
             given = {name: value for name, value in zip(names, thaw(attrs))
                      if value is not defaults.get(name, absent)}
-            if row.list_input:
+            if entry.list_input:
                 return api(list(values), **given)
             return api(*values, **given)
         return call
 
-    def _infer(self, row, inputs, attrs, key, site):
+    def _infer(self, entry, inputs, attrs, key, site):
         """The output spec for ``key`` (record's cache miss), or NotLazy."""
-        if key in row.refused_keys:
+        if key in entry.refused_keys:
             raise NotLazy
         try:
-            output_spec, output_type = _traced_spec(row, inputs, attrs, key,
-                                                    numbers_by_value=True)
+            output_spec, output_type = _traced_spec(entry, inputs, attrs, key,
+                                                      numbers_by_value=True)
             if any(classify_operand(operand) == NUMBER for operand in inputs):
-                if _traced_spec(row, inputs, attrs, key,
+                if _traced_spec(entry, inputs, attrs, key,
                                 numbers_by_value=False)[0] is not output_spec:
                     raise NotLazy
         except _Refused as reason:
             self.refused = str(reason)
             raise NotLazy from None
         except Exception:   # includes NotLazy; TensorFlow's own run decides
-            row.refused_keys.add(key)
+            entry.refused_keys.add(key)
             raise NotLazy from None
-        if row.output_type is None:   # the first spec decides, for every key
-            row.output_type = output_type
-            row.multi_output = output_type is not _SINGLE
-        if output_type is not row.output_type:
-            row.refused_keys.add(key)
+        if entry.output_type is None:   # the first spec decides, for every key
+            entry.output_type = output_type
+            entry.multi_output = output_type is not _SINGLE
+        if output_type is not entry.output_type:
+            entry.refused_keys.add(key)
             raise NotLazy
-        row.cache[key] = output_spec
+        entry.cache[key] = output_spec
         return output_spec
 
 
@@ -390,7 +391,7 @@ def _tensor_like(value):
     return classify_operand(value) in TENSOR_LIKE
 
 
-# What a generic row takes as an operand: tensors (or nodes), and Python numbers.
+# What a generic entry takes as an operand: tensors (or nodes), and Python numbers.
 _OPERANDS = TENSOR_LIKE | {NUMBER}
 
 
@@ -406,8 +407,8 @@ def _placeholder_dtype(number, specs):
     return {bool: tf.bool, int: tf.int32, float: tf.float32}[type(number)]
 
 
-def _traced_spec(row, inputs, attrs, key, numbers_by_value):
-    """(output spec, output type) of ``row`` traced on placeholders of the
+def _traced_spec(entry, inputs, attrs, key, numbers_by_value):
+    """(output spec, output type) of ``entry`` traced on placeholders of the
     operand specs in ``key``; raises _Refused for an API that must not be
     recorded at all, another exception for these operands."""
     operand_specs = key[2:]
@@ -429,7 +430,7 @@ def _traced_spec(row, inputs, attrs, key, numbers_by_value):
             values[position] = placeholder
         for position, value in constants.items():
             values[position] = value
-        return row.call(values, attrs)
+        return entry.call(values, attrs)
 
     concrete = tf.function(traced, autograph=False).get_concrete_function(*tensor_specs)
     stateful = sorted({op.type for op in concrete.graph.get_operations()

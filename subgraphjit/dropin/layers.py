@@ -1,7 +1,7 @@
 """Keras layers called with VirtualNodes record one node (issue 16, part 3).
 
 A Keras layer is the framework's own unit of work, so a call of a known
-layer with nodes records *one* node whose row stands for that layer
+layer with nodes records *one* node whose op entry stands for that layer
 instance: calls of the same layer across a minibatch's instances run as one
 call on their rows concatenated along axis 0, the per-instance batch axis
 (``row_wise_rule``).
@@ -18,12 +18,12 @@ and the layer is one whose call is known to be row-wise and free of side
 effects (``_refusal``).  Anything else runs Keras's own ``__call__``, which
 evaluates the nodes as before (a counted forced evaluation).
 
-The row is per layer instance, not per class and config: two Dense layers of
-one config hold different weights, so only one layer's calls can run as one
-call.  The node's spec comes from calling Keras's own ``__call__`` once per
-operand specs on stand-in zeros with every tape paused: the first such call
-builds the layer exactly as eager's first call would (same shapes, same
-initializer draws in the same order, Keras's own ``weights``,
+The op entry is per layer instance, not per class and config: two Dense
+layers of one config hold different weights, so only one layer's calls can
+run as one call.  The node's spec comes from calling Keras's own ``__call__``
+once per operand specs on stand-in zeros with every tape paused: the first
+such call builds the layer exactly as eager's first call would (same shapes,
+same initializer draws in the same order, Keras's own ``weights``,
 ``trainable_variables``, ``summary()``), and a layer that leaves a Keras mask
 on its output is refused.  Evaluation calls ``__call__`` again, under the
 user's tape, so the layer's variables get eager's gradients.
@@ -55,14 +55,14 @@ from ..ir.node import VirtualNode
 from ..ir.record import record as _record
 from ..ir.record import user_site
 from ..ir.spec import NODE, TENSOR, VARIABLE, NotLazy, classify_operand, spec
-from ..ir.table import OpRow
+from ..ir.table import OpEntry
 
 FAMILY = "layer"
 # The extra operand that keeps a layer node out of patterns (see above).
 _MARKER = np.zeros((), np.int8)
 _PLAIN = (type(None), bool, int, float, str)
 _serials = itertools.count(1)
-_rows = weakref.WeakKeyDictionary()   # layer -> its row
+_entries = weakref.WeakKeyDictionary()   # layer -> its op entry
 
 
 def _row_wise_classes():
@@ -176,82 +176,83 @@ def _record_call(layer, original, args, kwargs):
     if layout is None or not all(type(value) in _PLAIN for value in kwargs.values()):
         return NotImplemented
     operands, structure = layout
-    row = _rows.get(layer)
-    if row is None:
-        row = _rows[layer] = _make_row(layer, original)
+    entry = _entries.get(layer)
+    if entry is None:
+        entry = _entries[layer] = _make_entry(layer, original)
     attrs = (structure, tuple(sorted(kwargs.items())))
     try:
-        result = _record(row, (*operands, _MARKER), attrs, site)
+        result = _record(entry, (*operands, _MARKER), attrs, site)
     except NotLazy:
         return NotImplemented
-    if not row.multi_output:
+    if not entry.multi_output:
         return result
-    return tf.nest.pack_sequence_as(row.output_structure, list(result))
+    return tf.nest.pack_sequence_as(entry.output_structure, list(result))
 
 
-def _make_row(layer, original):
+def _make_entry(layer, original):
     name = f"keras.layers.{type(layer).__name__}({layer.name})#{next(_serials)}"
-    row = OpRow(name, original, FAMILY)
-    row.layer = weakref.ref(layer)   # a row must not keep its layer alive
-    row.min_rank = _row_wise_classes()[type(layer)]
-    row.output_structure = None      # the first output decides, for every key
-    row.refused_keys = set()
+    entry = OpEntry(name, original, FAMILY)
+    entry.layer = weakref.ref(layer)   # an entry must not keep its layer alive
+    entry.min_rank = _row_wise_classes()[type(layer)]
+    entry.output_structure = None      # the first output decides, for every key
+    entry.refused_keys = set()
 
     def call(values, attrs):
         structure, kwargs = attrs
         args = _rebuild(list(values)[:-1], structure)   # without _MARKER
-        outputs = original(row.layer(), *args, **dict(kwargs))
+        outputs = original(entry.layer(), *args, **dict(kwargs))
         flat = tf.nest.flatten(outputs)
-        return flat if row.multi_output else flat[0]
+        return flat if entry.multi_output else flat[0]
 
-    row.call = call
-    row.infer = _infer
-    return row
+    entry.call = call
+    entry.infer = _infer
+    return entry
 
 
-def _infer(row, inputs, attrs, key, site):
+def _infer(entry, inputs, attrs, key, site):
     """The output spec for ``key``: Keras's own ``__call__`` on stand-in
     zeros, every tape paused (the first call builds the layer).  Any error
     raises NotLazy, so Keras's own call with the nodes raises it, at the
     user's line."""
-    if key in row.refused_keys:
+    if key in entry.refused_keys:
         raise NotLazy
     structure, kwargs = attrs
     stand_ins = [tf.zeros(operand_spec.shape, operand_spec.dtype)
                  for operand_spec in key[2:-1]]
     try:
         with tape_record.stop_recording():
-            outputs = row.fn(row.layer(), *_rebuild(stand_ins, structure), **dict(kwargs))
+            outputs = entry.fn(entry.layer(), *_rebuild(stand_ins, structure),
+                               **dict(kwargs))
         flat = tf.nest.flatten(outputs)
         if not flat or not all(isinstance(output, tf.Tensor) for output in flat):
             raise NotLazy
         if any(getattr(output, "_keras_mask", None) is not None for output in flat):
             raise NotLazy
         output_structure = tf.nest.map_structure(lambda _: 0, outputs)
-        if row.output_structure is None:
-            row.output_structure = output_structure
-            row.multi_output = not isinstance(outputs, tf.Tensor)
-        elif output_structure != row.output_structure:
+        if entry.output_structure is None:
+            entry.output_structure = output_structure
+            entry.multi_output = not isinstance(outputs, tf.Tensor)
+        elif output_structure != entry.output_structure:
             raise NotLazy
     except Exception:
-        row.refused_keys.add(key)
+        entry.refused_keys.add(key)
         raise NotLazy from None
     specs = tuple(spec(output.dtype, tuple(output.shape)) for output in flat)
-    output_spec = specs if row.multi_output else specs[0]
-    row.cache[key] = output_spec
+    output_spec = specs if entry.multi_output else specs[0]
+    entry.cache[key] = output_spec
     return output_spec
 
 
 # -- batching -----------------------------------------------------------------------
 
-def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
+def row_wise_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """All instances' calls of one row-wise layer as one call: each operand's
     rows concatenated along axis 0 (a shared operand repeated once per
     instance), the outputs split back.  Every operand and output must share
     the instance's first axis."""
     layer_values, layer_shared, layer_ranks = values[:-1], shared[:-1], ranks[:-1]
-    if min(layer_ranks) < row.min_rank:
-        raise NoRule(f"an operand of rank below {row.min_rank}")
+    if min(layer_ranks) < entry.min_rank:
+        raise NoRule(f"an operand of rank below {entry.min_rank}")
     rows = None
     concatenated = []
     for value, is_shared in zip(layer_values, layer_shared):
@@ -265,13 +266,13 @@ def row_wise_rule(row, attrs, values, shared, ranks, output_spec, count):
             concatenated.append(tf.tile(value, [count] + [1] * (len(value.shape) - 1)))
         else:
             concatenated.append(tf.reshape(value, [-1, *instance_shape[1:]]))
-    outputs = row.call([*concatenated, None], attrs)   # None: _MARKER's place
-    flat = outputs if row.multi_output else [outputs]
+    outputs = entry.call([*concatenated, None], attrs)   # None: _MARKER's place
+    flat = outputs if entry.multi_output else [outputs]
     if not isinstance(count, int) or any(
             output.shape.rank == 0 or output.shape[0] != count * rows for output in flat):
         raise NoRule("an output of another first axis")
     result = [tf.reshape(output, [count, rows, *output.shape[1:]]) for output in flat]
-    return result if row.multi_output else result[0]
+    return result if entry.multi_output else result[0]
 
 
 register_family_rule(FAMILY, row_wise_rule)

@@ -1,4 +1,4 @@
-"""The drop-in namespace: patched wrappers where the op table has a row,
+"""The drop-in namespace: patched wrappers where the op table has an entry,
 TensorFlow's own objects everywhere else.
 
 ``install`` fills ``subgraphjit`` and proxy modules ``subgraphjit.nn``,
@@ -17,16 +17,16 @@ import types
 import tensorflow as tf
 
 from ..ir.node import VirtualNode
-from ..ir.record import build_row_functions, record
+from ..ir.record import build_entry_functions, record
 from ..ir.spec import NotLazy
-from ..ir.table import ALL_ROWS, GETITEM, OPERATOR_ROWS, OPERATORS, TF_ROWS
+from ..ir.table import ALL_ENTRIES, GETITEM, OPERATOR_ENTRIES, OPERATORS, TF_ENTRIES
 from . import dispatch, layers, optimizers
 
 # Submodules that hold patched functions; each gets a forwarding proxy.
 PATCHED_SUBMODULES = ("math", "nn", "linalg")
 
-WRAPPERS = {row.name: build_row_functions(row, row.name.rsplit(".", 1)[-1])
-            for row in ALL_ROWS}
+WRAPPERS = {entry.name: build_entry_functions(entry, entry.name.rsplit(".", 1)[-1])
+            for entry in ALL_ENTRIES}
 
 
 class ForwardingModule(types.ModuleType):
@@ -72,9 +72,10 @@ def install(package, special_wrappers):
     """Fill ``package`` (the subgraphjit module) and its proxy submodules.
 
     ``special_wrappers`` maps TensorFlow functions that need more than a
-    table row (tf.shape, tf.nn.dropout) to their replacements.
+    table entry (tf.shape, tf.nn.dropout) to their replacements.
     """
-    replacements = {id(row.fn): (row.fn, WRAPPERS[row.name]) for row in TF_ROWS}
+    replacements = {id(entry.fn): (entry.fn, WRAPPERS[entry.name])
+                    for entry in TF_ENTRIES}
     for original, replacement in special_wrappers.items():
         replacements[id(original)] = (original, replacement)
     _patch_module(package, tf, replacements)
@@ -93,42 +94,42 @@ def install(package, special_wrappers):
 
 def _install_operators():
     for dunder, (_, _, arity, reflected) in OPERATORS.items():
-        row = OPERATOR_ROWS[dunder]
-        setattr(VirtualNode, dunder, _operator_method(row, arity, False))
+        entry = OPERATOR_ENTRIES[dunder]
+        setattr(VirtualNode, dunder, _operator_method(entry, arity, False))
         if reflected:
-            setattr(VirtualNode, reflected, _operator_method(row, arity, True))
+            setattr(VirtualNode, reflected, _operator_method(entry, arity, True))
     VirtualNode.__getitem__ = _getitem_method
 
 
-def _operator_method(row, arity, reflected):
-    function = row.fn
+def _operator_method(entry, arity, reflected):
+    function = entry.fn
     if arity == 1:
         def method(self):
             try:
-                return record(row, (self,), ())
+                return record(entry, (self,), ())
             except NotLazy:
                 return function(self.value())
     elif reflected:
         def method(self, other):
             try:
-                return record(row, (other, self), ())
+                return record(entry, (other, self), ())
             except NotLazy:
                 return function(other, self.value())
-    elif row.name in ("operator.eq", "operator.ne"):
+    elif entry.name in ("operator.eq", "operator.ne"):
         def method(self, other):
             if other is None:  # as tf.Tensor: comparing with None is not an op
-                return row.name == "operator.ne"
+                return entry.name == "operator.ne"
             try:
-                return record(row, (self, other), ())
+                return record(entry, (self, other), ())
             except NotLazy:
                 return function(self.value(), other)
     else:
         def method(self, other):
             try:
-                return record(row, (self, other), ())
+                return record(entry, (self, other), ())
             except NotLazy:
                 return function(self.value(), other)
-    method.__name__ = row.fn.__name__
+    method.__name__ = entry.fn.__name__
     return method
 
 

@@ -48,7 +48,7 @@ class VirtualNode:
     """One recorded op (or one output of a multi-output op).
 
     Fields (C members, see ``_native.c``): ``id`` (global, increasing, so a
-    topological order), ``row`` (the op-table row), ``inputs``
+    topological order), ``entry`` (the op entry), ``inputs``
     (VirtualNodes, tensors, variables or Python values), ``attrs`` (the op's
     other arguments, hashable), ``spec`` (dtype and shape), ``result`` (the
     tf.Tensor once evaluated, else None), ``site`` (code object and line of
@@ -56,7 +56,7 @@ class VirtualNode:
     with this one as an operand).  The batching layer leaves a node's value
     as row ``batch_row`` of a batched tensor ``batch`` and takes the row out
     (``result``) only when someone asks for it.  Nodes are made by
-    ``record`` (``_native.record``), or as ``VirtualNode(id, row, inputs,
+    ``record`` (``_native.record``), or as ``VirtualNode(id, entry, inputs,
     attrs, spec, site)``.
     """
 

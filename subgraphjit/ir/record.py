@@ -1,6 +1,6 @@
 """Recording: the record hot path, and generated wrappers.
 
-Every patched function is generated from its op-table row with the exact
+Every patched function is generated from its op entry with the exact
 signature of the TensorFlow function it replaces (read with ``inspect``), so
 positional and keyword calls, defaults and ``name=`` all behave as in
 TensorFlow.  A wrapper does one of three things:
@@ -11,7 +11,7 @@ TensorFlow.  A wrapper does one of three things:
 * an operand the recorder cannot describe (a symbolic tensor inside a
   tf.function, a ragged tensor, ...): calls the real function, as eager mode.
 
-Each row also gets a *dispatch target* with the same signature: what
+Each entry also gets a *dispatch target* with the same signature: what
 TensorFlow's own function calls when given a VirtualNode (dropin/dispatch.py).
 It records exactly as the wrapper does, but where the wrapper would call the
 real function it returns NotImplemented, which tells TensorFlow to run its
@@ -34,55 +34,56 @@ from .spec import TENSOR_LIKE, NotLazy, classify_operand, spec_of_foreign
 from .table import ACCESS, freeze
 
 
-# The hot path, in C (``native/_native.c``): ``record(row, inputs, attrs)``
+# The hot path, in C (``native/_native.c``): ``record(entry, inputs, attrs)``
 # builds the cache key (attrs, their types, one spec per operand), counts
-# consumers, looks the output spec up in ``row.cache`` (``_infer`` on a miss),
-# takes the user's call site, and returns a VirtualNode (a list of accesses
-# for a multi-output row), appended to ``context.pending`` in a scope.
+# consumers, looks the output spec up in ``entry.cache`` (``_infer`` on a
+# miss), takes the user's call site, and returns a VirtualNode (a list of
+# accesses for a multi-output entry), appended to ``context.pending`` in a
+# scope.
 record = _native.record
 
 
-def _infer(row, inputs, attrs, key, site):
+def _infer(entry, inputs, attrs, key, site):
     """Run the real op once to learn its output spec (cached): on stand-ins
     for tensors (a node has no value yet; reading a variable here would be
     seen by the user's tape), on the values themselves for Python and NumPy
     operands, which TensorFlow converts by their value."""
-    if row.infer is not None:   # a row of its own kind (dispatch.GenericApi)
+    if entry.infer is not None:   # an entry of its own kind (dispatch.GenericApi)
         context.shape_inferences += 1
-        return row.infer(row, inputs, attrs, key, site)
+        return entry.infer(entry, inputs, attrs, key, site)
     stand_ins = [
-        specs.stand_in(key[position + 2], position in row.index_positions)
+        specs.stand_in(key[position + 2], position in entry.index_positions)
         if isinstance(operand, specs.Spec) or classify_operand(operand) in TENSOR_LIKE
         else operand
         for position, operand in enumerate(inputs)]
     context.shape_inferences += 1
     started = time.perf_counter()
     try:
-        result = row.call(stand_ins, attrs)
+        result = entry.call(stand_ins, attrs)
     except Exception as error:
-        raise annotate(error, row, site) from None
+        raise annotate(error, entry, site) from None
     finally:
         context.inference_seconds += time.perf_counter() - started
     output_spec = specs.spec_of_result(result)
-    row.cache[key] = output_spec
+    entry.cache[key] = output_spec
     return output_spec
 
 
-def infer_spec(row, attrs, operands):
-    """The output spec of ``row`` on operands given as Specs (values to come)
+def infer_spec(entry, attrs, operands):
+    """The output spec of ``entry`` on operands given as Specs (values to come)
     or as the values themselves (variables, tensors, Python numbers)."""
     key = (attrs, tuple(map(type, attrs)), *(
         operand if isinstance(operand, specs.Spec) else spec_of_foreign(operand)
         for operand in operands))
-    return row.cache.get(key) or _infer(row, operands, attrs, key, None)
+    return entry.cache.get(key) or _infer(entry, operands, attrs, key, None)
 
 
-def annotate(error, row, site):
+def annotate(error, entry, site):
     """Add the user's line to a TensorFlow error raised for a recorded op."""
     if site is None:
         return error
     code, line = site
-    error.add_note(f"subgraphjit: raised by {row.name}, recorded at "
+    error.add_note(f"subgraphjit: raised by {entry.name}, recorded at "
                    f"{code.co_filename}:{line} in {code.co_name}")
     return error
 
@@ -104,25 +105,25 @@ def _parameters(fn):
     return list(inspect.signature(fn).parameters.values())
 
 
-def build_row_functions(row, public_name):
-    """Generate ``row.call`` and the patched wrapper for ``row.fn``."""
-    parameters = _parameters(row.fn)
+def build_entry_functions(entry, public_name):
+    """Generate ``entry.call`` and the patched wrapper for ``entry.fn``."""
+    parameters = _parameters(entry.fn)
     names = [p.name for p in parameters]
-    row.tensor_params = tuple(names[:1 if row.list_input else row.tensors])
-    row.attr_params = tuple(n for n in names
-                            if n not in row.tensor_params and n != "name")
+    entry.tensor_params = tuple(names[:1 if entry.list_input else entry.tensors])
+    entry.attr_params = tuple(n for n in names
+                              if n not in entry.tensor_params and n != "name")
     defaults = {p.name: p.default for p in parameters
                 if p.default is not inspect.Parameter.empty}
 
-    if row.list_input:
-        inputs_expr = f"tuple({row.tensor_params[0]})"
-        call_tensors = {row.tensor_params[0]: "list(values)"}
+    if entry.list_input:
+        inputs_expr = f"tuple({entry.tensor_params[0]})"
+        call_tensors = {entry.tensor_params[0]: "list(values)"}
     else:
-        inputs_expr = "(" + "".join(f"{p}, " for p in row.tensor_params) + ")"
-        call_tensors = {p: f"values[{i}]" for i, p in enumerate(row.tensor_params)}
-    attrs_expr = "(" + "".join(f"{p}, " for p in row.attr_params) + ")"
-    thawed = "_thaw(attrs)" if row.thaw else "attrs"
-    call_attrs = {p: f"{thawed}[{i}]" for i, p in enumerate(row.attr_params)}
+        inputs_expr = "(" + "".join(f"{p}, " for p in entry.tensor_params) + ")"
+        call_tensors = {p: f"values[{i}]" for i, p in enumerate(entry.tensor_params)}
+    attrs_expr = "(" + "".join(f"{p}, " for p in entry.attr_params) + ")"
+    thawed = "_thaw(attrs)" if entry.thaw else "attrs"
+    call_attrs = {p: f"{thawed}[{i}]" for i, p in enumerate(entry.attr_params)}
     call_args = ", ".join(
         f"{n}={call_tensors.get(n) or call_attrs[n]}"
         for n in names if n != "name")
@@ -133,12 +134,12 @@ def build_row_functions(row, public_name):
     # An op of no tensors (tf.zeros) has no operand that would tell a
     # tf.function trace from eager code (a symbolic tensor refuses to be
     # recorded): it asks.
-    lazy = "_context.lazy" + ("" if row.tensor_params else " and _executing_eagerly()")
+    lazy = "_context.lazy" + ("" if entry.tensor_params else " and _executing_eagerly()")
     source = (
         f"def wrapper({signature}):\n"
         f"    if {lazy}:\n"
         f"        try:\n"
-        f"            return _record(_row, {inputs_expr}, {attrs_expr})\n"
+        f"            return _record(_entry, {inputs_expr}, {attrs_expr})\n"
         f"        except _NotLazy:\n"
         f"            pass\n"
         f"    return _fn({passthrough})\n"
@@ -151,30 +152,30 @@ def build_row_functions(row, public_name):
         f"        site = _user_site()\n"
         f"        if site is not None:\n"
         f"            try:\n"
-        f"                return _record(_row, {inputs_expr}, {attrs_expr}, site)\n"
+        f"                return _record(_entry, {inputs_expr}, {attrs_expr}, site)\n"
         f"            except _NotLazy:\n"
         f"                pass\n"
         f"    return NotImplemented\n")
-    namespace = {"_context": context, "_record": record, "_row": row,
-                 "_NotLazy": NotLazy, "_fn": row.fn, "_defaults": defaults,
-                 "_thaw": row.thaw, "_user_site": user_site,
+    namespace = {"_context": context, "_record": record, "_entry": entry,
+                 "_NotLazy": NotLazy, "_fn": entry.fn, "_defaults": defaults,
+                 "_thaw": entry.thaw, "_user_site": user_site,
                  "_executing_eagerly": tf.executing_eagerly}
-    filename = f"<subgraphjit wrapper {row.name}>"
+    filename = f"<subgraphjit wrapper {entry.name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True),
                                  filename)
     exec(compile(source, filename, "exec"), namespace)
-    row.call = namespace["call"]
-    row.dispatch_target = namespace["dispatch_target"]
+    entry.call = namespace["call"]
+    entry.dispatch_target = namespace["dispatch_target"]
     wrapper = namespace["wrapper"]
     wrapper.__name__ = wrapper.__qualname__ = public_name
-    wrapper.__doc__ = (f"Lazily recorded version of tf.{row.name} "
-                       f"(subgraphjit).\n\n{row.fn.__doc__ or ''}")
-    wrapper.__wrapped__ = row.fn
+    wrapper.__doc__ = (f"Lazily recorded version of tf.{entry.name} "
+                       f"(subgraphjit).\n\n{entry.fn.__doc__ or ''}")
+    wrapper.__wrapped__ = entry.fn
     wrapper.__module__ = "subgraphjit"
     return wrapper
 
 
 _native.setup(context=context, spec_of_foreign=spec_of_foreign, infer=_infer,
-              freeze=freeze, access_row=ACCESS, scalar_specs=specs.SCALAR_SPECS,
+              freeze=freeze, access_entry=ACCESS, scalar_specs=specs.SCALAR_SPECS,
               variable_types=specs.VARIABLE_TYPES,
               eager_tensor_type=type(tf.constant(0)))

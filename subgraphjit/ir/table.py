@@ -1,19 +1,19 @@
-"""The op table: one row per TensorFlow op that subgraphjit records lazily.
+"""The op table: one entry per TensorFlow op that subgraphjit records lazily.
 
-A row names the public TensorFlow function, how the op batches (its family),
-how many of its leading parameters take tensors, and which of those hold
-indices.  Everything else -- the wrapper with TensorFlow's exact signature,
+An entry names the public TensorFlow function, how the op batches (its
+family), how many of its leading parameters take tensors, and which of those
+hold indices.  Everything else -- the wrapper with TensorFlow's exact signature,
 the evaluator, every public alias (``tf.add`` is ``tf.math.add``), the
-VirtualNode operator overloads -- is generated from these rows.  Ops not
+VirtualNode operator overloads -- is generated from these entries.  Ops not
 listed here still work: TensorFlow's own functions given a VirtualNode
-record a generic row that runs per instance (``dispatch.py``), or else
-evaluate the node first, so adding a row is a speed change, never a
+record a generic entry that runs per instance (``dispatch.py``), or else
+evaluate the node first, so adding an entry is a speed change, never a
 correctness change.
 
-``OpRow`` is the row type, of this table's rows and of every other row a
-node can have (generic and Keras layer rows, patterns, the access row); a
-row's ``node_kind`` says which kind of node it makes.  Attributes are held
-hashable (``freeze``), as the record cache keys them.
+``OpEntry`` is the entry type, of this table's entries and of every other
+op entry a node can have (generic and Keras layer entries, patterns, the
+access entry); an entry's ``node_kind`` says which kind of node it makes.
+Attributes are held hashable (``freeze``), as the record cache keys them.
 
 Families, for the batching layer:
 
@@ -39,21 +39,21 @@ import tensorflow as tf
 from .spec import NotLazy
 
 
-# What a node is, named by its row's ``node_kind``: the one place Python
-# tells nodes apart (the C code compares with the access row it is given).
-# A row's ``family`` says how an op batches; its node kind, what it does:
-#   "op"       a TensorFlow op: a row of the table, a generic row
+# What a node is, named by its entry's ``node_kind``: the one place Python
+# tells nodes apart (the C code compares with the access entry it is given).
+# An entry's ``family`` says how an op batches; its node kind, what it does:
+#   "op"       a TensorFlow op: an entry of the table, a generic entry
 #              (dropin/dispatch.py) or a Keras layer's call (dropin/layers.py)
-#   "access"   one output of a multi-output node (the one ACCESS row)
+#   "access"   one output of a multi-output node (the one ACCESS entry)
 #   "pattern"  a compiled frequent subgraph (patterns/codegen.py's Pattern)
 #   "fused"    two patterns joined into one call (codegen's FusedPattern)
 NODE_KINDS = ("op", "access", "pattern", "fused")
-# The node kinds that run a pattern's compiled code (``row.pattern``).
+# The node kinds that run a pattern's compiled code (``entry.pattern``).
 PATTERN_KINDS = frozenset({"pattern", "fused"})
 
 
-class OpRow:
-    """One row of the op table.
+class OpEntry:
+    """One entry of the op table.
 
     The first ``tensors`` parameters of ``fn`` take tensors (with
     ``list_input``, the first parameter takes a list of tensors); every other
@@ -62,8 +62,8 @@ class OpRow:
     the op batches; ``multi_output`` ops return a list of nodes.
     ``gathers_from`` is the operand whose rows the op gathers (None for
     other ops): a variable there gets its gradient from eager TensorFlow as
-    an IndexedSlices with one entry per gathered row.  ``node_kind`` is one
-    of ``NODE_KINDS``; a row of a pattern kind has its ``pattern``.
+    an IndexedSlices with one slice per gathered row.  ``node_kind`` is one
+    of ``NODE_KINDS``; an entry of a pattern kind has its ``pattern``.
     """
 
     def __init__(self, name, fn, family, tensors=1, list_input=False,
@@ -72,7 +72,7 @@ class OpRow:
         if node_kind not in NODE_KINDS:
             raise ValueError(f"unknown node kind {node_kind!r}")
         self.node_kind = node_kind
-        self.pattern = None         # what a row of a pattern kind runs
+        self.pattern = None         # what an entry of a pattern kind runs
         self.name = name
         self.fn = fn
         self.family = family
@@ -83,22 +83,22 @@ class OpRow:
         self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
         self.gathers_from = gathers_from
         self.cache = {}             # (attrs, *operand specs) -> output spec
-        self.infer = None           # a row's own inference (dispatch.py's generic rows)
+        self.infer = None           # its own inference (dispatch.py's generic entries)
         self.dispatch_target = None  # what TensorFlow's own function calls on a node
         self.call = None            # (operand values, attrs) -> result
         self.tensor_params = ()
         self.attr_params = ()
 
     def __repr__(self):
-        return f"OpRow({self.name})"
+        return f"OpEntry({self.name})"
 
 
 def _access_call(values, attrs):
     return values[0][attrs[0]]
 
 
-# The row of every access node: output ``attrs[0]`` of its multi-output input.
-ACCESS = OpRow("access", None, "access", node_kind="access")
+# The entry of every access node: output ``attrs[0]`` of its multi-output input.
+ACCESS = OpEntry("access", None, "access", node_kind="access")
 ACCESS.call = _access_call
 
 
@@ -135,7 +135,7 @@ def thaw(value):
     return value
 
 
-# -- the rows ----------------------------------------------------------------
+# -- the entries -------------------------------------------------------------
 
 def _resolve(path):
     target = tf
@@ -144,12 +144,12 @@ def _resolve(path):
     return target
 
 
-def _rows(family, paths, **options):
-    return [OpRow(path, _resolve(path), family, **options) for path in paths]
+def _entries(family, paths, **options):
+    return [OpEntry(path, _resolve(path), family, **options) for path in paths]
 
 
-TF_ROWS = [
-    *_rows("elementwise", [
+TF_ENTRIES = [
+    *_entries("elementwise", [
         "math.sigmoid", "math.tanh", "nn.relu", "nn.relu6", "nn.elu",
         "nn.selu", "nn.softplus", "nn.softsign", "nn.silu", "nn.gelu",
         "nn.leaky_relu", "math.log_sigmoid", "math.exp", "math.log",
@@ -158,37 +158,37 @@ TF_ROWS = [
         "math.sign", "math.floor", "math.ceil", "math.round", "math.sin",
         "math.cos", "math.erf", "math.logical_not", "cast", "identity",
         "zeros_like", "ones_like", "stop_gradient"]),
-    *_rows("broadcasting", [
+    *_entries("broadcasting", [
         "math.add", "math.subtract", "math.multiply", "math.divide",
         "math.truediv", "math.floordiv", "math.floormod", "math.pow",
         "math.maximum", "math.minimum", "math.squared_difference",
         "math.equal", "math.not_equal", "math.less", "math.less_equal",
         "math.greater", "math.greater_equal", "math.logical_and",
         "math.logical_or", "nn.bias_add"], tensors=2),
-    *_rows("broadcasting", ["clip_by_value"], tensors=3),
-    *_rows("reduction", [
+    *_entries("broadcasting", ["clip_by_value"], tensors=3),
+    *_entries("reduction", [
         "math.reduce_sum", "math.reduce_mean", "math.reduce_max",
         "math.reduce_min", "math.reduce_prod", "math.reduce_logsumexp",
         "math.reduce_any", "math.reduce_all", "math.argmax", "math.argmin",
         "nn.softmax", "nn.log_softmax"]),
-    *_rows("matmul", ["linalg.matmul", "tensordot"], tensors=2),
-    *_rows("shape", ["reshape", "transpose", "expand_dims", "squeeze",
-                     "tile", "reverse"]),
-    *_rows("concat", ["concat", "stack", "math.add_n"], list_input=True),
-    *_rows("split", ["split", "unstack"], multi_output=True),
-    *_rows("gather", ["gather", "nn.embedding_lookup"], tensors=2,
-           index_positions=(1,), gathers_from=0),
-    *_rows("gather", ["one_hot"], index_positions=(0,)),
-    *_rows("source", ["zeros", "ones"], tensors=0),
-    *_rows("loss", ["nn.sparse_softmax_cross_entropy_with_logits"],
-           tensors=2, index_positions=(0,)),
-    *_rows("loss", ["nn.softmax_cross_entropy_with_logits",
-                    "nn.sigmoid_cross_entropy_with_logits"], tensors=2),
+    *_entries("matmul", ["linalg.matmul", "tensordot"], tensors=2),
+    *_entries("shape", ["reshape", "transpose", "expand_dims", "squeeze",
+                        "tile", "reverse"]),
+    *_entries("concat", ["concat", "stack", "math.add_n"], list_input=True),
+    *_entries("split", ["split", "unstack"], multi_output=True),
+    *_entries("gather", ["gather", "nn.embedding_lookup"], tensors=2,
+              index_positions=(1,), gathers_from=0),
+    *_entries("gather", ["one_hot"], index_positions=(0,)),
+    *_entries("source", ["zeros", "ones"], tensors=0),
+    *_entries("loss", ["nn.sparse_softmax_cross_entropy_with_logits"],
+              tensors=2, index_positions=(0,)),
+    *_entries("loss", ["nn.softmax_cross_entropy_with_logits",
+                       "nn.sigmoid_cross_entropy_with_logits"], tensors=2),
 ]
 
 
 # -- Python operators on VirtualNodes -----------------------------------------
-# Each row evaluates with Python's own operator on real tensors, so ``2 - x``
+# Each entry evaluates with Python's own operator on real tensors, so ``2 - x``
 # and ``x[1:, ::2]`` mean exactly what they mean on a tf.Tensor.
 
 def _operator_function(name, python_operator, arity):
@@ -203,7 +203,7 @@ def _operator_function(name, python_operator, arity):
     return function
 
 
-# dunder name -> (row name, Python operator, arity, reflected dunder or None)
+# dunder name -> (entry name, Python operator, arity, reflected dunder or None)
 OPERATORS = {
     "__add__": ("add", operator.add, 2, "__radd__"),
     "__sub__": ("sub", operator.sub, 2, "__rsub__"),
@@ -230,10 +230,10 @@ OPERATORS = {
 _FAMILY_OF_OPERATOR = {"matmul": "matmul", "neg": "elementwise",
                        "abs": "elementwise", "invert": "elementwise"}
 
-OPERATOR_ROWS = {
-    dunder: OpRow(f"operator.{name}",
-                  _operator_function(name, python_operator, arity),
-                  _FAMILY_OF_OPERATOR.get(name, "broadcasting"), tensors=arity)
+OPERATOR_ENTRIES = {
+    dunder: OpEntry(f"operator.{name}",
+                    _operator_function(name, python_operator, arity),
+                    _FAMILY_OF_OPERATOR.get(name, "broadcasting"), tensors=arity)
     for dunder, (name, python_operator, arity, _) in OPERATORS.items()
 }
 
@@ -242,12 +242,12 @@ def _getitem(tensor, slice_spec):
     return tensor[slice_spec]
 
 
-GETITEM = OpRow("operator.getitem", _getitem, "shape", thaw=thaw)
+GETITEM = OpEntry("operator.getitem", _getitem, "shape", thaw=thaw)
 
-ALL_ROWS = TF_ROWS + list(OPERATOR_ROWS.values()) + [GETITEM]
+ALL_ENTRIES = TF_ENTRIES + list(OPERATOR_ENTRIES.values()) + [GETITEM]
 
-# Every row a pattern can name (a signature labels an op by its row's
-# name; patterns/codegen.py turns the name back into the row): the rows
-# above, and each generic row as dropin/dispatch.py makes it.
-ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
+# Every entry a pattern can name (a signature labels an op by its entry's
+# name; patterns/codegen.py turns the name back into the entry): the
+# entries above, and each generic entry as dropin/dispatch.py makes it.
+ENTRIES_BY_NAME = {entry.name: entry for entry in ALL_ENTRIES}
 

@@ -42,16 +42,16 @@ from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
 from ..ir.spec import VARIABLE, classify_operand, is_variable
-from ..ir.table import ACCESS, GETITEM, ROWS_BY_NAME, OpRow
+from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, OpEntry
 
 _pattern_numbers = itertools.count(1)
 
 
 @dataclasses.dataclass
 class Step:
-    """One line of a pattern: ``name = row(operands, attrs)``."""
+    """One line of a pattern: ``name = entry(operands, attrs)``."""
     name: str
-    row: OpRow
+    entry: OpEntry
     attrs: tuple
     operands: list   # ("name", variable name) or ("literal", Python number)
 
@@ -119,10 +119,10 @@ class _Compiled:
         except NoRule as reason:  # also when raised while tracing
             return reason
 
-    def _load(self, namespace, row_name, multi_output, node_kind):
+    def _load(self, namespace, entry_name, multi_output, node_kind):
         """Run the source (registered, so it shows in tracebacks); set
-        ``function``, the caches of compiled calls and the op-table row
-        (of ``node_kind``) that recorded nodes running the pattern get."""
+        ``function``, the caches of compiled calls and the op entry (of
+        ``node_kind``) that recorded nodes running the pattern get."""
         filename = f"<subgraphjit {self.function_name}>"
         linecache.cache[filename] = (len(self.source), None,
                                      self.source.splitlines(True), filename)
@@ -131,10 +131,10 @@ class _Compiled:
         self._compiled = {}      # per-instance argument specs -> concrete function
         self._batched = {}       # stacked argument specs -> concrete function or NoRule
         self._bodies = {}        # stacked argument specs -> stacked_body, for ``traced``
-        self.row = OpRow(row_name, None, "pattern", tensors=len(self.arguments),
-                         multi_output=multi_output, node_kind=node_kind)
-        self.row.call = self.call
-        self.row.pattern = self
+        self.entry = OpEntry(entry_name, None, "pattern", tensors=len(self.arguments),
+                             multi_output=multi_output, node_kind=node_kind)
+        self.entry.call = self.call
+        self.entry.pattern = self
 
     def __repr__(self):
         return f"<{self.function_name}: {self.op_count} ops, {self.matches} matches>"
@@ -146,14 +146,14 @@ class _Compiled:
         return traced
 
 
-def batch_rule(row, attrs, values, shared, ranks, output_spec, count):
-    """The batch rule of the rows compiled patterns record (family
+def batch_rule(entry, attrs, values, shared, ranks, output_spec, count):
+    """The batch rule of the entries compiled patterns record (family
     "pattern"): every instance at once.  Unlike other rules it takes each
     operand as a (table, rows) pair, and the compiled function gathers the
     rows itself."""
     if any(shared):
         raise NoRule("a pattern argument is shared")
-    return row.pattern.batched(values)
+    return entry.pattern.batched(values)
 
 
 register_family_rule("pattern", batch_rule)
@@ -170,20 +170,20 @@ class Pattern(_Compiled):
         self.function_name = f"pattern_{self.number}"
         (self.steps, self.arguments, self.argument_positions,
          self.captured) = _steps(signature.key, example_inputs)
-        self.op_count = sum(step.row.node_kind != "access" for step in self.steps)
+        self.op_count = sum(step.entry.node_kind != "access" for step in self.steps)
         # Lines looking up rows of a captured variable.  Run batched, each
         # instance looks up its own rows even where the index is a constant,
         # so that the gradient has an entry per instance, as eager's has.
         self.variable_lookups = {
             step.name for step in self.steps
-            if step.row.gathers_from is not None and is_variable(
-                self.captured.get(step.operands[step.row.gathers_from][1]))}
+            if step.entry.gathers_from is not None and is_variable(
+                self.captured.get(step.operands[step.entry.gathers_from][1]))}
         self.gathers_variable_rows = bool(self.variable_lookups)
         self.source, unrenderable = _source(self)
         self._load({"tf": tf, "operator": operator, **self.captured,
                     **{f"attr_{index}": value for index, value in
                        enumerate(unrenderable)}},
-                   f"pattern.{self.number}", self.steps[-1].row.multi_output,
+                   f"pattern.{self.number}", self.steps[-1].entry.multi_output,
                    "pattern")
 
     def _propagate_specs(self, argument_specs):
@@ -197,14 +197,14 @@ class Pattern(_Compiled):
             instance = step.name in self.variable_lookups or any(
                 kind == "name" and name in per_instance
                 for kind, name in step.operands)
-            if step.row.node_kind == "access":
+            if step.entry.node_kind == "access":
                 target = per_instance if instance else shared
                 target[step.name] = operands[0][step.attrs[0]]
                 continue
             try:
-                output_spec = infer_spec(step.row, step.attrs, operands)
+                output_spec = infer_spec(step.entry, step.attrs, operands)
             except Exception as error:
-                raise NoRule(f"{step.row.name} in {self.function_name}: {error}") from None
+                raise NoRule(f"{step.entry.name} in {self.function_name}: {error}") from None
             (per_instance if instance else shared)[step.name] = output_spec
         return per_instance
 
@@ -232,7 +232,7 @@ class Pattern(_Compiled):
     def captured_looked_up(self):
         """Per captured value, in that order: are its rows looked up (a
         variable whose gradient keeps an entry per lookup)?"""
-        names = {step.operands[step.row.gathers_from][1] for step in self.steps
+        names = {step.operands[step.entry.gathers_from][1] for step in self.steps
                  if step.name in self.variable_lookups}
         return [name in names for name in self.captured]
 
@@ -265,26 +265,26 @@ class Pattern(_Compiled):
                         shared.append(True)
                         ranks.append(len(getattr(value, "shape", ())))
                 if step.name in variable_lookups:
-                    for position in step.row.index_positions:
+                    for position in step.entry.index_positions:
                         if shared[position]:   # the same rows for every instance
                             operands[position] = tf.repeat(
                                 tf.expand_dims(operands[position], 0), count, 0)
                             shared[position] = False
                 if all(shared):
                     shared_values[step.name] = (
-                        operands[0][step.attrs[0]] if step.row.node_kind == "access"
-                        else step.row.call(operands, step.attrs))
+                        operands[0][step.attrs[0]] if step.entry.node_kind == "access"
+                        else step.entry.call(operands, step.attrs))
                     continue
-                if step.row.node_kind == "access":
+                if step.entry.node_kind == "access":
                     values[step.name] = operands[0][step.attrs[0]]
                     continue
-                rule = rule_for(step.row)
+                rule = rule_for(step.entry)
                 if rule is None:
-                    raise NoRule(f"{step.row.name} has no batch rule")
+                    raise NoRule(f"{step.entry.name} has no batch rule")
                 output_spec = instance_specs[step.name]
                 values[step.name] = rule(
-                    step.row, step.attrs, operands, shared, ranks,
-                    output_spec[0] if step.row.multi_output else output_spec, count)
+                    step.entry, step.attrs, operands, shared, ranks,
+                    output_spec[0] if step.entry.multi_output else output_spec, count)
             return values["v"]
 
         return run_stacked
@@ -393,7 +393,7 @@ def _steps(key, example_inputs):
         if kind == "op":
             operands = [emit(child, f"{name}_{index}")
                         for index, child in enumerate(children)]
-            steps.append(Step(name, ROWS_BY_NAME[label[1]], label[2], operands))
+            steps.append(Step(name, ENTRIES_BY_NAME[label[1]], label[2], operands))
             trail.append(name)
             return ("name", name)
         if kind == "output":
@@ -446,29 +446,29 @@ def _describe_captured(value):
 def _render_call(step, unrenderable):
     operands = [name if kind == "name" else repr(name)
                 for kind, name in step.operands]
-    row = step.row
-    attrs = row.thaw(step.attrs) if row.thaw else step.attrs
-    if row.node_kind == "access":
+    entry = step.entry
+    attrs = entry.thaw(step.attrs) if entry.thaw else step.attrs
+    if entry.node_kind == "access":
         return f"{operands[0]}[{step.attrs[0]}]"
-    if row is GETITEM:
+    if entry is GETITEM:
         return f"{operands[0]}[{_render_value(attrs[0], unrenderable)}]"
-    if row.name.startswith("operator."):
-        return f"{row.name}({', '.join(operands)})"
-    if row.list_input:
+    if entry.name.startswith("operator."):
+        return f"{entry.name}({', '.join(operands)})"
+    if entry.list_input:
         operands = [f"[{', '.join(operands)}]"]
-    defaults = _defaults(row)
+    defaults = _defaults(entry)
     keywords = [
         f"{name}={_render_value(value, unrenderable)}"
-        for name, value in zip(row.attr_params, attrs)
+        for name, value in zip(entry.attr_params, attrs)
         if not (name in defaults and _same(defaults[name], value))]
-    return f"tf.{row.name}({', '.join(operands + keywords)})"
+    return f"tf.{entry.name}({', '.join(operands + keywords)})"
 
 
-def _defaults(row):
-    defaults = getattr(row, "_defaults", None)
+def _defaults(entry):
+    defaults = getattr(entry, "_defaults", None)
     if defaults is None:
-        defaults = row._defaults = {
-            p.name: p.default for p in inspect.signature(row.fn).parameters.values()
+        defaults = entry._defaults = {
+            p.name: p.default for p in inspect.signature(entry.fn).parameters.values()
             if p.default is not inspect.Parameter.empty}
     return defaults
 

@@ -41,7 +41,7 @@ import time
 from .. import _native
 from ..context import context
 from ..ir.node import VirtualNode
-from ..ir.table import ACCESS, ROWS_BY_NAME
+from ..ir.table import ACCESS, ENTRIES_BY_NAME
 from .codegen import FusedPattern, Pattern
 from .signature import Signer, Template, has_value_operand
 
@@ -69,7 +69,7 @@ class PatternSearch:
         self.counts = collections.Counter()
         self.examples = {}       # signature -> inputs of its first occurrence
         self.op_counts = {}      # signature -> ops in the subgraph
-        self.templates = {}      # root (op-table row, attrs) -> [(Template, Pattern)]
+        self.templates = {}      # root (op entry, attrs) -> [(Template, Pattern)]
         self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
         context.patterns = None  # signature -> Pattern, once collection ends
         # Granularity "auto": ops or patterns, timed, per mode (training
@@ -128,7 +128,7 @@ class PatternSearch:
         reached = {node.id: node for node in roots}
         while queue:
             node = queue.popleft()
-            if node.row.node_kind == "access" or has_value_operand(node):
+            if node.entry.node_kind == "access" or has_value_operand(node):
                 _enqueue(node.inputs, reached, queue)
                 continue
             found = signer.walk(node, depth)
@@ -150,7 +150,7 @@ class PatternSearch:
             if not pattern.arguments:  # nothing per instance: nothing to batch
                 continue
             patterns[signature] = pattern
-            template = Template(signature.key, ROWS_BY_NAME, signature)
+            template = Template(signature.key, ENTRIES_BY_NAME, signature)
             root = (template.detail, template.attrs)
             self.templates.setdefault(root, []).append((template, pattern))
         for candidates in self.templates.values():  # the largest first
@@ -163,30 +163,30 @@ class PatternSearch:
     # -- stage 2 -----------------------------------------------------------------
     def _replace_in_place(self, roots, signer, depth):
         """Stage 2: rewrite in place every node whose subgraph is a pattern
-        into one node running it -- its row becomes the pattern's, its
+        into one node running it -- its op entry becomes the pattern's, its
         attributes none, its inputs the subgraph's inputs, and the
         subgraph's other nodes are marked swallowed (``native/match.c``) --
         then join pairs of pattern nodes (``_fuse_in_place``).  The nodes
         are the user's VirtualNodes: every later pass sees the rewrite.
         Returns the nodes reached (left to run), in recording order."""
-        # Per root op: (program, pattern row, argument positions) to try, the
-        # largest pattern first.  A leaf's 3-way split and an inner node's
+        # Per root op: (program, pattern entry, argument positions) to try,
+        # the largest pattern first.  A leaf's 3-way split and an inner node's
         # 5-way one try different patterns: a program checks the root's
         # attributes first, so one list per op tries the same ones in the
         # same order as a list per (op, attributes) would.
-        by_row = {}
-        for (row, _), candidates in self.templates.items():
-            by_row.setdefault(row, []).extend(candidates)
-        candidates_by_row = {
-            row: tuple((template.program(depth), pattern.row,
-                        tuple(pattern.argument_positions))
-                       for template, pattern in sorted(
-                           candidates, key=lambda candidate: -candidate[1].op_count))
-            for row, candidates in by_row.items()}
+        by_entry = {}
+        for (entry, _), candidates in self.templates.items():
+            by_entry.setdefault(entry, []).extend(candidates)
+        candidates_by_entry = {
+            entry: tuple((template.program(depth), pattern.entry,
+                          tuple(pattern.argument_positions))
+                         for template, pattern in sorted(
+                             candidates, key=lambda candidate: -candidate[1].op_count))
+            for entry, candidates in by_entry.items()}
         reached, replaced = _native.replace(
-            roots, candidates_by_row, signer.match_labels())
-        for row, matches in collections.Counter(node.row for node in replaced).items():
-            row.pattern.matches += matches
+            roots, candidates_by_entry, signer.match_labels())
+        for entry, matches in collections.Counter(node.entry for node in replaced).items():
+            entry.pattern.matches += matches
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
             self._fuse_in_place(replaced)  # (in id order: recording order)
@@ -196,7 +196,7 @@ class PatternSearch:
         """Join each pattern node to the multi-output pattern node whose
         outputs it reads, into one node running both (``FusedPattern``),
         rewriting both nodes in place: the producer's node runs the pair
-        (its row, inputs and spec change), and the consumer's becomes an
+        (its op entry, inputs and spec change), and the consumer's becomes an
         access to its last output.  Only where that delays nothing: every
         other argument of the consumer is an argument of the producer, an
         ancestor of one (found by a walk of at most 64 nodes), or already
@@ -208,7 +208,7 @@ class PatternSearch:
             fused = self.fused[key] = FusedPattern(*key, extra_count)
             return fused
 
-        joined = _native.fuse(pattern_nodes, self.fused, make_fused, _row_kind, ACCESS)
+        joined = _native.fuse(pattern_nodes, self.fused, make_fused, _entry_kind, ACCESS)
         for fused, count in collections.Counter(joined).items():
             fused.matches += count
         context.pattern_fusions += len(joined)
@@ -306,11 +306,12 @@ class Trial:
         return max(fast) * factor < min(slow)
 
 
-def _row_kind(row):
-    """What ``_fuse_in_place`` needs of a row, as bits: 1, its node has several
-    outputs; 2, a pattern's (not a joined pair's) that others may join."""
-    return (int(row.multi_output)
-            | 2 * (row.multi_output and row.node_kind == "pattern"))
+def _entry_kind(entry):
+    """What ``_fuse_in_place`` needs of an op entry, as bits: 1, its node has
+    several outputs; 2, a pattern's (not a joined pair's) that others may
+    join."""
+    return (int(entry.multi_output)
+            | 2 * (entry.multi_output and entry.node_kind == "pattern"))
 
 
 def _enqueue(operands, reached, queue):

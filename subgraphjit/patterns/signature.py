@@ -123,7 +123,7 @@ class Signer:
             walk.visit(node, boundary)
             walk.inputs.append(node)
             return boundary, False
-        if node.row.node_kind == "access":  # an output of a multi-output op: look through
+        if node.entry.node_kind == "access":  # an output of a multi-output op: look through
             source, index = node.inputs[0], node.attrs[0]
             inner, shared = self._signature(source, depth, walk)
             return self._combine(("output", index), (inner,)), shared
@@ -157,7 +157,7 @@ class Signer:
 
     def _stops_at(self, node, depth, walk):
         """Is ``node`` an input of the subgraph rather than part of it?"""
-        if node.row.node_kind == "access":
+        if node.entry.node_kind == "access":
             # Looking through is free; the multi-output op decides, but an
             # output of one that must stay outside is itself the input.
             if not node.inputs:
@@ -177,11 +177,11 @@ class Signer:
 
     # -- labels and leaves -----------------------------------------------------
     def _label(self, node):
-        label_key = (node.row, node.attrs, node.spec)
+        label_key = (node.entry, node.attrs, node.spec)
         label = self._labels.get(label_key)
         if label is None:
             label = self._labels[label_key] = (
-                "op", node.row.name, node.attrs, tuple(map(type, node.attrs)),
+                "op", node.entry.name, node.attrs, tuple(map(type, node.attrs)),
                 self._spec_label(node.spec))
         return label
 
@@ -251,23 +251,23 @@ class Signer:
 class Template:
     """A signature's key as a tree to match nodes against (``Signer.match``):
     ``kind`` is ``op``, ``output``, ``shared`` or a leaf kind; ``detail`` the
-    op-table row, the output index or the shared node's position."""
+    op entry, the output index or the shared node's position."""
 
     __slots__ = ("signature", "key", "kind", "label", "detail", "attrs",
                  "attr_types", "spec_label", "arity", "children", "programs")
 
-    def __init__(self, key, rows, signature=None):
+    def __init__(self, key, entries, signature=None):
         self.signature = signature
         self.key = key
         label, children = key
         self.kind = label[0]
         self.label = label
-        self.detail = (rows[label[1]] if self.kind == "op"
+        self.detail = (entries[label[1]] if self.kind == "op"
                        else label[1] if self.kind in ("output", "shared") else None)
         self.attrs = label[2] if self.kind == "op" else None
         self.attr_types = label[3] if self.kind == "op" else None
         self.spec_label = label[4] if self.kind == "op" else None
-        self.children = [Template(child, rows) for child in children]
+        self.children = [Template(child, entries) for child in children]
         self.arity = len(self.children)
         self.programs = {}  # depth -> MatchProgram (``_match_program``)
 

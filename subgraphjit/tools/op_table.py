@@ -5,7 +5,7 @@ rules, both of which import ir/table.py, so the table cannot import them."""
 import subgraphjit
 
 from ..batcher.rules import rule_for
-from ..ir.table import OPERATORS, TF_ROWS
+from ..ir.table import OPERATORS, TF_ENTRIES
 
 
 def markdown_table():
@@ -17,19 +17,19 @@ def markdown_table():
         module = subgraphjit if not module_name else getattr(
             subgraphjit, module_name[:-1])
         for attribute, value in vars(module).items():
-            row = getattr(getattr(value, "__wrapped__", None), "__name__", None)
-            if row is not None and callable(value) and not attribute.startswith("_"):
+            wrapped = getattr(getattr(value, "__wrapped__", None), "__name__", None)
+            if wrapped is not None and callable(value) and not attribute.startswith("_"):
                 public_names.setdefault(value, []).append(
                     f"tf.{module_name}{attribute}")
     by_family = {}
-    for row in TF_ROWS:
+    for entry in TF_ENTRIES:
         wrapper = next((w for w in public_names
-                        if w.__wrapped__ is row.fn), None)
-        names = sorted(public_names.get(wrapper, [f"tf.{row.name}"]))
+                        if w.__wrapped__ is entry.fn), None)
+        names = sorted(public_names.get(wrapper, [f"tf.{entry.name}"]))
         # (An op of no tensors is made once for every instance: executor.py
         # and program.py run a kind whose operands are all shared once.)
-        mark = "" if rule_for(row) is not None or not row.tensors else " (per instance)"
-        by_family.setdefault(row.family, []).extend(
+        mark = "" if rule_for(entry) is not None or not entry.tensors else " (per instance)"
+        by_family.setdefault(entry.family, []).extend(
             f"`{name}`{mark}" for name in names)
     operators = " ".join(f"`{dunder}`" for dunder in OPERATORS) + " `__getitem__`"
     lines = ["| family | ops |", "|---|---|"]
