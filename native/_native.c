@@ -82,7 +82,7 @@ new_node(long long id, PyObject *entry, PyObject *const *inputs, Py_ssize_t coun
     node->id = id;
     node->consumers = 0;
     node->swallowed = 0;
-    node->batched = 0;
+    node->is_row = 0;
     node->input_count = 0;
     node->entry = Py_NewRef(entry);
     node->attrs = Py_NewRef(attrs);
@@ -144,15 +144,15 @@ node_set_inputs_attribute(PyObject *self, PyObject *value, void *unused)
     return done;
 }
 
-/* ``result``, ``batch`` and ``batch_row``: the node's one ``value`` seen as
+/* ``result``, ``batched`` and ``row``: the node's one ``value`` seen as
  * the three fields Python code reads (native.h).  Setting ``result``
- * replaces a batch's row; setting ``batch`` replaces a result, and keeps
- * the row given before (set ``batch`` first, then ``batch_row``); setting
- * ``batch`` to None forgets a batch's row (a result stays). */
+ * replaces a row of a batched value; setting ``batched`` replaces a
+ * result, and keeps the row given before (set ``batched`` first, then
+ * ``row``); setting ``batched`` to None forgets the row (a result stays). */
 static PyObject *
-batch_part(Node *node, Py_ssize_t part)
+row_part(Node *node, Py_ssize_t part)
 {
-    if (!node->batched || node->value == NULL)
+    if (!node->is_row || node->value == NULL)
         Py_RETURN_NONE;
     return Py_NewRef(PyTuple_GET_ITEM(node->value, part));
 }
@@ -165,75 +165,75 @@ node_get_result(PyObject *self, void *unused)
         PyErr_SetString(PyExc_AttributeError, "result");
         return NULL;
     }
-    return node->batched ? Py_NewRef(Py_None) : Py_NewRef(node->value);
+    return node->is_row ? Py_NewRef(Py_None) : Py_NewRef(node->value);
 }
 
 static int
 node_set_result(PyObject *self, PyObject *value, void *unused)
 {
     Node *node = (Node *)self;
-    node->batched = 0;
+    node->is_row = 0;
     Py_XSETREF(node->value, Py_XNewRef(value));   /* (del: NULL) */
     return 0;
 }
 
 static PyObject *
-node_get_batch(PyObject *self, void *unused)
+node_get_batched(PyObject *self, void *unused)
 {
-    return batch_part((Node *)self, 0);
+    return row_part((Node *)self, 0);
 }
 
 static PyObject *
-node_get_batch_row(PyObject *self, void *unused)
+node_get_row(PyObject *self, void *unused)
 {
-    return batch_part((Node *)self, 1);
+    return row_part((Node *)self, 1);
 }
 
-/* Sets ``value`` to (batch, row); 0, or -1 with an exception set. */
+/* Sets ``value`` to (batched, row); 0, or -1 with an exception set. */
 static int
-set_batched(Node *node, PyObject *batch, PyObject *row)
+set_row(Node *node, PyObject *batched, PyObject *row)
 {
-    PyObject *pair = PyTuple_Pack(2, batch, row);
+    PyObject *pair = PyTuple_Pack(2, batched, row);
     if (pair == NULL)
         return -1;
-    node->batched = 1;
+    node->is_row = 1;
     Py_XSETREF(node->value, pair);
     return 0;
 }
 
 static int
-node_set_batch(PyObject *self, PyObject *batch, void *unused)
+node_set_batched(PyObject *self, PyObject *batched, void *unused)
 {
     Node *node = (Node *)self;
-    if (batch == NULL || batch == Py_None) {
-        if (node->batched) {
-            node->batched = 0;
+    if (batched == NULL || batched == Py_None) {
+        if (node->is_row) {
+            node->is_row = 0;
             Py_XSETREF(node->value, Py_NewRef(Py_None));
         }
         return 0;
     }
-    PyObject *row = node->batched && node->value != NULL
+    PyObject *row = node->is_row && node->value != NULL
                     ? PyTuple_GET_ITEM(node->value, 1) : Py_None;
     Py_INCREF(row);
-    int done = set_batched(node, batch, row);
+    int done = set_row(node, batched, row);
     Py_DECREF(row);
     return done;
 }
 
 static int
-node_set_batch_row(PyObject *self, PyObject *row, void *unused)
+node_set_row(PyObject *self, PyObject *row, void *unused)
 {
     Node *node = (Node *)self;
-    if ((!node->batched || node->value == NULL) && (row == NULL || row == Py_None))
-        return 0;   /* no batch, no row */
-    if (!node->batched || node->value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "batch_row is set after batch: "
-                        "this node holds no batch");
+    if ((!node->is_row || node->value == NULL) && (row == NULL || row == Py_None))
+        return 0;   /* no batched value, no row */
+    if (!node->is_row || node->value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "row is set after batched: "
+                        "this node holds no batched value");
         return -1;
     }
-    PyObject *batch = Py_NewRef(PyTuple_GET_ITEM(node->value, 0));
-    int done = set_batched(node, batch, row == NULL ? Py_None : row);
-    Py_DECREF(batch);
+    PyObject *batched = Py_NewRef(PyTuple_GET_ITEM(node->value, 0));
+    int done = set_row(node, batched, row == NULL ? Py_None : row);
+    Py_DECREF(batched);
     return done;
 }
 
@@ -259,10 +259,10 @@ static PyGetSetDef node_getset[] = {
      "assigning a tuple or list replaces them)", NULL},
     {"result", node_get_result, node_set_result,
      "the tf.Tensor once evaluated, else None", NULL},
-    {"batch", node_get_batch, node_set_batch,
-     "a batched result holding this node's value, else None", NULL},
-    {"batch_row", node_get_batch_row, node_set_batch_row,
-     "the row of ``batch`` holding this node's value", NULL},
+    {"batched", node_get_batched, node_set_batched,
+     "a batched value holding this node's value as a row, else None", NULL},
+    {"row", node_get_row, node_set_row,
+     "the row of ``batched`` holding this node's value", NULL},
     {"swallowed", node_get_swallowed, node_set_swallowed,
      "inside a matched pattern (or an output a compiled program did not "
      "keep): computed only if asked for, not when its scope closes", NULL},

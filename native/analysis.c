@@ -25,7 +25,7 @@ PyDoc_STRVAR(unevaluated_ancestors_doc,
 "Every unevaluated node the targets depend on, in recording (id) order: the\n"
 "unevaluated VirtualNodes among ``targets`` (an iterable; other values are\n"
 "skipped) and, through their inputs, every unevaluated VirtualNode operand.\n"
-"A node is unevaluated when its ``result`` and ``batch`` are both None.");
+"A node is unevaluated when its ``result`` and ``batched`` are both None.");
 
 static PyObject *
 unevaluated_ancestors(PyObject *module, PyObject *targets)

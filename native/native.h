@@ -15,7 +15,7 @@
  *   with earlier nodes only, so a node never reaches itself;
  * - entry, spec and site are shared, long-lived values (an op entry, an
  *   interned Spec, a code object and line) that do not refer to nodes;
- * - result and batch hold tensors (or lists of them), batch_row an int.
+ * - result and batched hold tensors (or lists of them), row an int.
  * tests/test_native.py checks that freed graphs leave nothing behind. */
 #define INLINE_INPUTS 2
 
@@ -31,14 +31,14 @@ typedef struct Node {
                                      a compiled program did not keep:
                                      computed only if asked for, not when
                                      its scope closes */
-    unsigned int batched : 1;     /* ``value`` is (batch, row) */
+    unsigned int is_row : 1;      /* ``value`` is (batched, row) */
     PyObject *entry;        /* the op entry (OpEntry) */
     PyObject *attrs;        /* the op's other arguments, hashable */
     PyObject *spec;         /* output Spec (a tuple of them: multi-output) */
     /* None until evaluated; then the tf.Tensor (``result`` in Python), or,
-     * with ``batched``, (batch, row): the value is row ``row`` of the
-     * batched tensor ``batch`` (``batch`` and ``batch_row``), taken out
-     * when asked for.  One field for both: a node holds one value. */
+     * with ``is_row``, (batched, row): the value is row ``row`` of the
+     * batched tensor ``batched`` (``batched`` and ``row`` in Python), taken
+     * out when asked for.  One field for both: a node holds one value. */
     PyObject *value;
     PyObject *site;         /* (code, line) of the user's call, or None */
     PyObject *weakrefs;
@@ -108,8 +108,8 @@ int node_set_inputs(Node *node, PyObject *const *items, Py_ssize_t count);
 /* A node's inputs as a new tuple (what Python sees), or NULL. */
 PyObject *node_inputs_tuple(Node *node);
 
-/* Unevaluated: no value yet, neither its own nor a row of a batch.  A value
- * deleted from Python (NULL) is not None, so such a node counts as
+/* Unevaluated: no value yet, neither its own nor a row of a batched value.
+ * A value deleted from Python (NULL) is not None, so such a node counts as
  * evaluated and is never read further. */
 static inline int
 unevaluated(Node *node)

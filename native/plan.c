@@ -1,7 +1,7 @@
 /* A program's bookkeeping over every node (batcher/plan.py) and the write-back
  * of its results (batcher/program.py), in C: these are loops over all the
  * nodes of an evaluation, which in Python cost more than the compiled
- * program's own forward at a batch of 256 trees.
+ * program's own forward at a minibatch of 256 trees.
  *
  * Everything here reads a BatchGraph's lists (type_of, duplicate_of), its
  * OperandTable (operands.c) and the nodes; indices are checked, so bad
@@ -759,7 +759,7 @@ write_back(PyObject *module, PyObject *args)
         Node *node = graph_node(&graph, i);
         if (i + 8 < count)
             prefetch_node(graph_node(&graph, i + 8));
-        PyObject *batch = NULL, *batch_row = NULL;
+        PyObject *batched = NULL, *row = NULL;
         if (where[i] >= 0 && outputs[i] >= 0) {   /* a multi-output node */
             const int *slot = &slots[2 * where[i]];
             int kept = 1;
@@ -767,22 +767,22 @@ write_back(PyObject *module, PyObject *args)
                 kept &= slot[2 * n] >= 0;
             if (!kept)
                 goto swallow;   /* stays unevaluated, with its inputs */
-            batch = PyList_New(outputs[i]);
-            batch_row = PyTuple_New(outputs[i]);
-            if (batch == NULL || batch_row == NULL)
+            batched = PyList_New(outputs[i]);
+            row = PyTuple_New(outputs[i]);
+            if (batched == NULL || row == NULL)
                 goto fail_node;
             for (Py_ssize_t n = 0; n < outputs[i]; n++) {
-                PyObject *row = PyLong_FromLong(slot[2 * n + 1]);
-                if (row == NULL)
+                PyObject *number = PyLong_FromLong(slot[2 * n + 1]);
+                if (number == NULL)
                     goto fail_node;
-                PyList_SET_ITEM(batch, n, Py_NewRef(PyList_GET_ITEM(buffers, slot[2 * n])));
-                PyTuple_SET_ITEM(batch_row, n, row);
+                PyList_SET_ITEM(batched, n, Py_NewRef(PyList_GET_ITEM(buffers, slot[2 * n])));
+                PyTuple_SET_ITEM(row, n, number);
             }
         }
         else if (where[i] >= 0 && slots[2 * where[i]] >= 0) {
-            batch = Py_NewRef(PyList_GET_ITEM(buffers, slots[2 * where[i]]));
-            batch_row = PyLong_FromLong(slots[2 * where[i] + 1]);
-            if (batch_row == NULL)
+            batched = Py_NewRef(PyList_GET_ITEM(buffers, slots[2 * where[i]]));
+            row = PyLong_FromLong(slots[2 * where[i] + 1]);
+            if (row == NULL)
                 goto fail_node;
         }
         else if (node->entry != access_entry) {
@@ -798,19 +798,19 @@ write_back(PyObject *module, PyObject *args)
             if (source >= 0)
                 goto swallow;
         }
-        if (batch != NULL) {
-            PyObject *pair = PyTuple_Pack(2, batch, batch_row);
-            Py_CLEAR(batch);
-            Py_CLEAR(batch_row);
+        if (batched != NULL) {
+            PyObject *pair = PyTuple_Pack(2, batched, row);
+            Py_CLEAR(batched);
+            Py_CLEAR(row);
             if (pair == NULL)
                 goto fail;
-            node->batched = 1;
+            node->is_row = 1;
             Py_XSETREF(node->value, pair);
         }
         if (node_set_inputs(node, NULL, 0) < 0)
             goto fail;
         Py_XSETREF(node->site, Py_NewRef(Py_None));
-        if (node->consumers == 0 && node->batched
+        if (node->consumers == 0 && node->is_row
                 && PyList_Append(results, (PyObject *)node) < 0)
             goto fail;
         continue;
@@ -818,8 +818,8 @@ swallow:
         node->swallowed = 1;
         continue;
 fail_node:
-        Py_XDECREF(batch);
-        Py_XDECREF(batch_row);
+        Py_XDECREF(batched);
+        Py_XDECREF(row);
         goto fail;
     }
     return results;

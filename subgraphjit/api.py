@@ -132,9 +132,9 @@ class GradientTape(tf.GradientTape):
     def _built(self, structure):
         """``build(structure)``, with every row of a batched result taken
         out under this tape: a node evaluated in the tape's block may still
-        be a row of its batch, and a slice taken after the tape stopped
-        would cut the gradient's path (per-instance losses, or a tape
-        inside each instance of ``tf.batching.map``).  What was recorded
+        be a row of its batched result, and a slice taken after the tape
+        stopped would cut the gradient's path (per-instance losses, or a
+        tape inside each instance of ``tf.batching.map``).  What was recorded
         after the block is evaluated outside the tape first, as eagerly."""
         evaluate(tf.nest.flatten(structure, expand_composites=False))
         if self._recording or self._tape is None:

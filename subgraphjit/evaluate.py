@@ -24,7 +24,7 @@ from .patterns import search
 
 
 # Every unevaluated node the targets depend on, in recording order: a node
-# is unevaluated while its ``result`` and ``batch`` are None; operands that
+# is unevaluated while its ``result`` and ``batched`` are None; operands that
 # are not VirtualNodes are skipped.  In C (``native/analysis.c``): this walk
 # visits every node of every evaluation.
 unevaluated_ancestors = _native.unevaluated_ancestors

@@ -79,7 +79,7 @@ def test_reads_of_evaluated_nodes_are_not_counted():
     built = fresh()
     tf.build(built)
     with tf.batching():
-        first, second = fresh(), fresh()   # evaluated as rows of one batch
+        first, second = fresh(), fresh()   # evaluated as rows of one batched result
     for node in (built, first, second):
         float(node), node.numpy(), np.asarray(node), str(node)
         tensorflow.py_function(lambda x: x, [node], tensorflow.float32)

@@ -42,21 +42,21 @@ def test_fields_are_attributes_with_none_defaults():
     assert (node.id, node.entry, node.inputs, node.attrs, node.site) == \
         (41, entry, ("x",), (), site)
     assert node.spec is spec(tf.float32, (2,))
-    assert node.result is None and node.batch is None and node.batch_row is None
+    assert node.result is None and node.batched is None and node.row is None
     assert node.consumers == 0
     node.consumers += 2
     node.result, node.inputs = "r", ()
-    assert (node.consumers, node.result, node.batch, node.batch_row,
+    assert (node.consumers, node.result, node.batched, node.row,
             node.inputs) == (2, "r", None, None, ())
-    # A node holds one value: its own result, or a row of a batch.
-    node.batch, node.batch_row = "b", 3
-    assert (node.result, node.batch, node.batch_row) == (None, "b", 3)
+    # A node holds one value: its own result, or a row of a batched value.
+    node.batched, node.row = "b", 3
+    assert (node.result, node.batched, node.row) == (None, "b", 3)
     node.result = "r"
-    assert (node.result, node.batch, node.batch_row) == ("r", None, None)
-    node.batch = None   # (forgets a batch's row, keeps a result)
+    assert (node.result, node.batched, node.row) == ("r", None, None)
+    node.batched = None   # (forgets a row, keeps a result)
     assert node.result == "r"
     with pytest.raises(AttributeError):
-        node.batch_row = 4   # a row of no batch
+        node.row = 4   # a row of no batched value
     node.swallowed = 1
     assert node.swallowed is True
     del node.site  # as with __slots__: a deleted field reads as missing

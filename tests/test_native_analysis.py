@@ -38,7 +38,7 @@ def reference_ancestors(targets):
         found[node.id] = node
         for operand in node.inputs:
             if type(operand) is VirtualNode and operand.result is None \
-                    and operand.batch is None and operand.id not in found:
+                    and operand.batched is None and operand.id not in found:
                 stack.append(operand)
     return [found[node_id] for node_id in sorted(found)]
 
@@ -111,12 +111,13 @@ def reference_agenda_schedule(graph, critical=False):
 # -- helpers ----------------------------------------------------------------
 
 def make_node(node_id, inputs, state=0):
-    """A bare node: ``state`` 0 unevaluated, 1 with a result, 2 in a batch."""
+    """A bare node: ``state`` 0 unevaluated, 1 with a result, 2 a row of a
+    batched value."""
     node = VirtualNode(node_id, None, tuple(inputs), (), None, None)
     if state == 1:
         node.result = "value"
     elif state == 2:
-        node.batch, node.batch_row = "batch", 0
+        node.batched, node.row = "batched", 0
     return node
 
 

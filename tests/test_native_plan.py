@@ -117,26 +117,26 @@ class ReferenceFill:
 
 
 def reference_write_back(program, graph, outputs):
-    """What each node would be left with: (batch, batch_row, dropped
+    """What each node would be left with: (batched, row, dropped
     inputs) per index, the swallowed indices and the nodes whose value is
     taken."""
     left, swallowed, taken = {}, set(), []
     for index, node in enumerate(graph.nodes):
         location = program.location(index)
-        batch = batch_row = None
+        batched = row = None
         if isinstance(location, list):
             if None in location:
                 swallowed.add(index)
                 continue
-            batch = [outputs[buffer] for buffer, _ in location]
-            batch_row = tuple(row for _, row in location)
+            batched = [outputs[buffer] for buffer, _ in location]
+            row = tuple(number for _, number in location)
         elif location is not None:
-            batch, batch_row = outputs[location[0]], location[1]
+            batched, row = outputs[location[0]], location[1]
         elif node.entry is not ACCESS or graph.operands[index][0].index >= 0:
             swallowed.add(index)
             continue
-        left[index] = (batch, batch_row)
-        if node.consumers == 0 and (batch is not None or node.batch is not None):
+        left[index] = (batched, row)
+        if node.consumers == 0 and (batched is not None or node.batched is not None):
             taken.append(index)
     return left, swallowed, taken
 
@@ -196,7 +196,7 @@ def test_programs_match_the_reference(name, granularity, parameters):
         # The write-back, with stand-ins for the buffers.
         outputs = [f"buffer {number}" for number in range(len(program.buffers))]
         expected_left, expected_swallowed, _ = reference_write_back(program, graph, outputs)
-        before = [node.batch for node in graph.nodes]
+        before = [node.batched for node in graph.nodes]
         flagged = {index for index, node in enumerate(graph.nodes) if node.swallowed}
         taken = _native.write_back(graph.nodes, graph.operands, *program.places,
                                    outputs, ACCESS)
@@ -204,11 +204,11 @@ def test_programs_match_the_reference(name, granularity, parameters):
                 if node.swallowed} - flagged == expected_swallowed - flagged
         for index, node in enumerate(graph.nodes):
             if index in expected_left:
-                batch, batch_row = expected_left[index]
-                if batch is None:   # an access node given its value earlier
-                    assert node.batch is before[index]
+                batched, row = expected_left[index]
+                if batched is None:   # an access node given its value earlier
+                    assert node.batched is before[index]
                 else:
-                    assert node.batch == batch and node.batch_row == batch_row
+                    assert node.batched == batched and node.row == row
                 assert node.inputs == () and node.site is None
         assert [node.id for node in taken] == [
             node.id for index, node in enumerate(graph.nodes)
@@ -219,7 +219,7 @@ def test_programs_match_the_reference(name, granularity, parameters):
             assert hanging.swallowed
     finally:
         for node in graph.nodes:   # nothing evaluates the stand-ins
-            node.batch, node.batch_row, node.result = None, None, tensorflow.zeros(())
+            node.batched, node.row, node.result = None, None, tensorflow.zeros(())
         tape.__exit__(None, None, None)
 
 
@@ -321,7 +321,7 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
     buffers = [None] * len(program.buffers)
     # (The scope's close evaluated the nodes, compiled or step by step.)
     def state(node):
-        return (id(node.result), id(node.batch), id(node.batch_row), tuple(map(id, node.inputs)))
+        return (id(node.result), id(node.batched), id(node.row), tuple(map(id, node.inputs)))
     before = [state(node) for node in graph.nodes]
     for arguments, error in [
             ((graph.nodes, graph.operands, where[:-4], outputs, slots, buffers), ValueError),

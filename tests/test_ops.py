@@ -145,9 +145,9 @@ def embedding_case(rng):
 
 
 def sparse_xent_case(rng):
-    batch, classes = (int(d) for d in rng.integers(1, 5, size=2))
-    return [], {"labels": Index(rng.integers(0, classes, batch).astype(np.int32)),
-                "logits": floats(rng, (batch, classes))}
+    rows, classes = (int(d) for d in rng.integers(1, 5, size=2))
+    return [], {"labels": Index(rng.integers(0, classes, rows).astype(np.int32)),
+                "logits": floats(rng, (rows, classes))}
 
 
 def dense_xent_case(rng):
@@ -375,7 +375,7 @@ def test_slicing_equals_eager(slice_spec):
 def test_shape_is_static():
     node = subgraphjit.tanh(tensorflow.ones((2, 5)))
     shape_tensor = subgraphjit.shape(node)
-    assert node.result is None and node.batch is None  # nothing evaluated
+    assert node.result is None and node.batched is None  # nothing evaluated
     np.testing.assert_array_equal(shape_tensor.numpy(), [2, 5])
 
 

@@ -87,7 +87,7 @@ def test_inference_results_are_read_from_their_buffer(compiled):
     for node, (tree, _) in zip(logits, examples):
         expected = tensorflow.matmul(model.encode(tensorflow, tree)[0],
                                      model.output).numpy()
-        assert node.result is None and node.batch is not None
+        assert node.result is None and node.batched is not None
         got = node.numpy()
         assert type(got) is type(expected) and got.shape == expected.shape
         np.testing.assert_allclose(got, expected, rtol=1e-5)
@@ -433,7 +433,7 @@ def test_a_compiled_step_frees_its_graph_without_the_cyclic_collector(compiled):
     """Reference counting alone frees a minibatch's nodes once the user
     lets go of the loss: nothing the planner or the program keeps forms a
     cycle with the graph (one did, and left every minibatch's graph,
-    hundreds of thousands of objects at a batch of 256 trees, to the
+    hundreds of thousands of objects at a minibatch of 256 trees, to the
     collector)."""
     rng = np.random.default_rng(17)
     model = MODELS["tree_lstm"](rng)

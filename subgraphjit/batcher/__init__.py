@@ -29,7 +29,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     runs as one compiled call once its key has been seen that many times
     (plan.py, program.py); otherwise, and until then, the scheduler's
     batches run one by one.  Every node gets its value in place (a row
-    of a batch, or a result of its own; ``Executor.write_back``,
+    of a batched result, or a result of its own; ``Executor.write_back``,
     ``program.run``); a program's nodes whose outputs it did not keep
     are marked swallowed (computed only if asked for)."""
     started = time.perf_counter()

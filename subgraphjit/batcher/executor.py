@@ -47,7 +47,7 @@ class Executor:
         self.graph = graph
         self.statistics = statistics
         count = len(graph)
-        self.batch_of = [None] * count    # batched result holding node i ...
+        self.batched_of = [None] * count  # batched result holding node i ...
         self.row_of = [None] * count      # ... as this row
         self.result_of = [None] * count   # or node i's own result
 
@@ -56,16 +56,16 @@ class Executor:
         """(source tensor, row) of a node operand; row None: the value itself."""
         if operand.index < 0:
             node = operand.node
-            if (node.result is None and node.batch is not None
-                    and type(node.batch_row) not in (slice, tuple)):   # (varying.py's)
-                return node.batch, node.batch_row
+            if (node.result is None and node.batched is not None
+                    and type(node.row) not in (slice, tuple)):   # (varying.py's)
+                return node.batched, node.row
             return node.value(), None
         index = operand.index
-        batch = self.batch_of[index]
-        if batch is not None:
+        batched = self.batched_of[index]
+        if batched is not None:
             if operand.pick is not None:
-                batch = batch[operand.pick]
-            return batch, self.row_of[index]
+                batched = batched[operand.pick]
+            return batched, self.row_of[index]
         result = self.result_of[index]
         return (result if operand.pick is None else result[operand.pick]), None
 
@@ -83,10 +83,10 @@ class Executor:
             return np.array(operands, dtype=kind), None
         # The common case first, without a call per operand: rows of results
         # batched in this evaluation.
-        batch_of, row_of = self.batch_of, self.row_of
+        batched_of, row_of = self.batched_of, self.row_of
         locations = []
         for operand in operands:
-            source = batch_of[operand.index] if operand.index >= 0 else None
+            source = batched_of[operand.index] if operand.index >= 0 else None
             if source is None:
                 locations.append(self._location(operand))
             elif operand.pick is None:
@@ -94,8 +94,8 @@ class Executor:
             else:
                 locations.append((source[operand.pick], row_of[operand.index]))
         if self.graph.varying and any(type(row) in (slice, tuple) for _, row in locations):
-            # Values that are rows of a batch over varying lengths, or
-            # corners of a padded batch (varying.py): gathered, and stacked.
+            # Values that are rows of a result over varying lengths, or
+            # corners of a padded result (varying.py): gathered, and stacked.
             rows = varying.rows_of_locations(
                 self.statistics, locations, [operand_spec.shape] * count)
             return tf.reshape(rows, (count, *operand_spec.shape)), None
@@ -186,14 +186,14 @@ class Executor:
             self._run_each(indices)
             return
         for row, index in enumerate(indices):
-            self.batch_of[index] = batched
+            self.batched_of[index] = batched
             self.row_of[index] = row
 
     def _values(self, operands):
-        """Each operand's own value.  A node reading many rows of one batch
-        (``tf.add_n`` of a minibatch's losses) takes them from one unstack,
-        whose gradient is one stack, rather than a slice per row, whose
-        gradients are each a zero tensor of the whole batch."""
+        """Each operand's own value.  A node reading many rows of one batched
+        result (``tf.add_n`` of a minibatch's losses) takes them from one
+        unstack, whose gradient is one stack, rather than a slice per row,
+        whose gradients are each a zero tensor of the whole result."""
         locations = [self._location(operand) if isinstance(operand, NodeOperand)
                      else (operand, None) for operand in operands]
         # (Fewer than 4 operands cannot read 4 rows: no count.)
@@ -226,25 +226,25 @@ class Executor:
 
     # -- results -------------------------------------------------------------
     def write_back(self):
-        """Give every node its value, in place: a row of a batch (``batch``,
-        ``batch_row``) or its own ``result``; its inputs and site are
+        """Give every node its value, in place: a row of a batched result
+        (``batched``, ``row``) or its own ``result``; its inputs and site are
         dropped (its value is all anyone needs now)."""
         graph = self.graph
         for index, node in enumerate(graph.nodes):
             if node.entry.node_kind == "access":
-                if node.result is None and node.batch is None:
+                if node.result is None and node.batched is None:
                     source_index = graph.duplicate_of[graph.operands[index][0].index]
                     pick = node.attrs[0]
-                    if self.batch_of[source_index] is not None:
-                        node.batch = self.batch_of[source_index][pick]
-                        node.batch_row = self.row_of[source_index]
+                    if self.batched_of[source_index] is not None:
+                        node.batched = self.batched_of[source_index][pick]
+                        node.row = self.row_of[source_index]
                     else:
                         node.result = self.result_of[source_index][pick]
             else:
                 canonical = graph.duplicate_of[index]
-                if self.batch_of[canonical] is not None:
-                    node.batch = self.batch_of[canonical]
-                    node.batch_row = self.row_of[canonical]
+                if self.batched_of[canonical] is not None:
+                    node.batched = self.batched_of[canonical]
+                    node.row = self.row_of[canonical]
                 else:
                     node.result = self.result_of[canonical]
             node.inputs = ()

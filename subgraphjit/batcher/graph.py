@@ -110,11 +110,11 @@ def _take_output(access_node, source):
     """Evaluate, in place, an access node whose multi-output op is
     evaluated already (describe_graph calls it as it meets one)."""
     index = access_node.attrs[0]
-    if source.result is None and source.batch is not None:
-        access_node.batch = source.batch[index]
-        access_node.batch_row = source.batch_row
-        if isinstance(access_node.batch_row, tuple):   # a row per output
-            access_node.batch_row = access_node.batch_row[index]
+    if source.result is None and source.batched is not None:
+        access_node.batched = source.batched[index]
+        access_node.row = source.row
+        if isinstance(access_node.row, tuple):   # a row per output
+            access_node.row = access_node.row[index]
     else:
         access_node.result = source.value()[index]
 

@@ -24,7 +24,7 @@ op batches, its *kind*:
               losses over rows); instance i's value is a slice of it.
 ``SEGMENTS``  ``reduce_sum``, ``reduce_mean``, ``reduce_max``, ``reduce_min``
               over axis 0: one segment op over the concatenated rows, whose
-              row i is instance i's value (a stacked batch, as usual).
+              row i is instance i's value (a stacked result, as usual).
 ``SOFTMAX``   ``softmax`` / ``log_softmax`` over axis 0: a segment softmax
               (segment max, exp, segment sum), row-wise in its output.
 
@@ -362,7 +362,7 @@ def run(executor, indices, kind):
                                       log=first.entry.name == "nn.log_softmax")
             places = _row_slices(lengths)
     for index, place in zip(indices, places):
-        executor.batch_of[index] = batched
+        executor.batched_of[index] = batched
         executor.row_of[index] = place
 
 
@@ -432,7 +432,7 @@ def run_padded(executor, indices, kind):
     statistics["padding_elements"] += count * int(np.prod(padded_shape)) - sum(
         int(np.prod(shape)) for shape in output_shapes)
     for instance, (index, shape) in enumerate(zip(indices, output_shapes)):
-        executor.batch_of[index] = batched
+        executor.batched_of[index] = batched
         executor.row_of[index] = (instance, *map(slice, shape))
 
 
@@ -516,10 +516,10 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
 
 def _row_tables(locations, shapes):
     """(tables, their total rows, each value's first row in them): each
-    distinct source once, a stacked batch ``[count, n, ...]`` as its rows;
+    distinct source once, a stacked result ``[count, n, ...]`` as its rows;
     a value at ``(source, row)`` of ``shape`` starts at its source's offset
     plus 0 (the source itself), the slice's start, or ``row`` times its
-    length (a row of a stacked batch)."""
+    length (a row of a stacked result)."""
     tables, offsets, starts, total = [], {}, [], 0
     for (source, row), shape in zip(locations, shapes):
         offset = offsets.get(id(source))
@@ -592,12 +592,12 @@ def _locations(executor, operands, spec):
 def rows_of_locations(statistics, locations, shapes):
     """The rows of values at ``locations`` ((source, row) as the executor
     keeps them: row None for the source itself, an int for row ``row`` of a
-    stacked batch, a slice for rows of a batch over varying lengths), of
+    stacked result, a slice for rows of a result over varying lengths), of
     ``shapes``, one after another: one source itself, a slice of
     it, a concat of whole sources, or one gather from their rows (whose
     gradient is one segment sum, where slices would each give a dense
-    gradient of the whole source).  Values in padded batches (``run_padded``)
-    are gathered element by element."""
+    gradient of the whole source).  Values in padded results
+    (``run_padded``) are gathered element by element."""
     if any(type(row) is tuple for _, row in locations):
         flat = gather_elements(statistics, locations, shapes)
         return tf.reshape(flat, (-1, *shapes[0][1:]))

@@ -54,7 +54,7 @@ class VirtualNode:
     tf.Tensor once evaluated, else None), ``site`` (code object and line of
     the user's call, for error messages) and ``consumers`` (nodes recorded
     with this one as an operand).  The batching layer leaves a node's value
-    as row ``batch_row`` of a batched tensor ``batch`` and takes the row out
+    as row ``row`` of a batched tensor ``batched`` and takes the row out
     (``result``) only when someone asks for it.  Nodes are made by
     ``record`` (``_native.record``), or as ``VirtualNode(id, entry, inputs,
     attrs, spec, site)``.
@@ -99,40 +99,40 @@ class VirtualNode:
     def value(self):
         """The tf.Tensor this node stands for, evaluating it if needed."""
         if self.result is None:
-            if self.batch is None:
+            if self.batched is None:
                 # Read before a scope or tf.build evaluated it: an evaluation
                 # of its own, counted under the user's line that read it
                 # (the stack is looked at only here, never while recording).
                 _evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if self.result is None:
-                self.result = _row_of(self.batch, self.batch_row)
-                self.batch = None
+                self.result = _row_of(self.batched, self.row)
+                self.batched = None
         return self.result
 
     def _host(self):
         """The value as NumPy (``.numpy()``, ``np.asarray``, ``float()``,
         ``int()``, ``bool()``): evaluated like ``value()``, but a row of a
-        batched result is copied out of the batch's host buffer rather than
-        taken out as a tensor of its own.  The node stays a row of its
-        batch, so a later batch gathers it with its neighbours instead of
-        stacking a slice per read, the backward differentiates no slice per
-        read (``tf.batching.map`` reads every instance's ``float(gate)`` of
-        a round from one batch), and reading a minibatch's outputs costs no
-        op per instance."""
+        batched value is copied out of its host buffer rather than taken out
+        as a tensor of its own.  The node stays a row of its batched value,
+        so a later batch gathers it with its neighbours instead of stacking
+        a slice per read, the backward differentiates no slice per read
+        (``tf.batching.map`` reads every instance's ``float(gate)`` of a
+        round from one batched value), and reading a minibatch's outputs
+        costs no op per instance."""
         if self.result is None:
-            if self.batch is None:
+            if self.batched is None:
                 _evaluate([self], forced_by=forced_site(sys._getframe(1)))
-            if self.result is None and type(self.batch) is _EAGER_TENSOR:
+            if self.result is None and type(self.batched) is _EAGER_TENSOR:
                 try:   # a view of TensorFlow's host buffer (private; no copy)
-                    batch = self.batch._numpy()
+                    host = self.batched._numpy()
                 except AttributeError:
-                    batch = self.batch.numpy()
-                return batch[self.batch_row].copy()   # as .numpy(): a copy
+                    host = self.batched.numpy()
+                return host[self.row].copy()   # as .numpy(): a copy
         return self.value().numpy()
 
     @property
     def evaluated(self):
-        return self.result is not None or self.batch is not None
+        return self.result is not None or self.batched is not None
 
     def numpy(self):
         return self._host()
@@ -174,9 +174,9 @@ class VirtualNode:
 _EAGER_TENSOR = type(tf.constant(0))
 
 
-def _row_of(batch, row):
-    if isinstance(batch, list):  # a multi-output op's batched outputs
+def _row_of(batched, row):
+    if isinstance(batched, list):  # a multi-output op's batched outputs
         if isinstance(row, tuple):   # ... each at its own row (batcher/program.py)
-            return [output[r] for output, r in zip(batch, row)]
-        return [output[row] for output in batch]
-    return batch[row]
+            return [output[r] for output, r in zip(batched, row)]
+        return [output[row] for output in batched]
+    return batched[row]

@@ -222,13 +222,13 @@ class Trial:
     sequence's length: BENCHMARKS.md).  Once patterns are collected, each
     unit runs until it has settled -- a compiled program ran since its
     last evaluation (in either mode), or from its second evaluation on, its
-    program was refused (too many kinds: it will run step by step; at batch
-    256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
+    program was refused (too many kinds: it will run step by step; with
+    minibatches of 256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
     evaluations passed (keys that vary with a rare kind take longer to
     recur); while it settles, its programs compile at first sight
     (``PatternSearch.trial_settling``: evaluations run step by step until
     a key recurs ``compile`` times tell the trial nothing, and cost
-    seconds at batch 256) -- then
+    seconds with minibatches of 256) -- then
     the two take turns in the order of ``TIMED`` (op, patterns, patterns,
     op, ...: a loop that alternates training and inference evaluations,
     or slows down over time, favours neither), and the unit with the
@@ -236,9 +236,9 @@ class Trial:
     evaluation that compiles decides nothing).  The turns end early once
     each unit has two and every time of one is ``SEPARATED`` times below
     every time of the other, or each has one and one is ``FAR`` times
-    below the other: at batch 256 each op evaluation of the Tree-LSTM
-    takes about a second, five times a pattern evaluation's per node.
-    The time of an evaluation is until the next one (of either mode)
+    below the other: with minibatches of 256 each op evaluation of the
+    Tree-LSTM takes about a second, five times a pattern evaluation's per
+    node.  The time of an evaluation is until the next one (of either mode)
     starts, so it includes the backward, the update and the recording of
     the next minibatch: what the user waits for."""
 
@@ -320,7 +320,7 @@ def _enqueue(operands, reached, queue):
     (``evaluated`` is inlined: this runs for every operand of every node.)"""
     for operand in operands:
         if type(operand) is VirtualNode and operand.result is None \
-                and operand.batch is None and operand.id not in reached:
+                and operand.batched is None and operand.id not in reached:
             reached[operand.id] = operand
             queue.append(operand)
 
