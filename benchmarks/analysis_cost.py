@@ -81,11 +81,11 @@ def main():
                 if number == warm_up:
                     tf.reset_stats()
                     recording = 0.0
-                batch = [trees[i] for i in rng.choice(len(trees), batch_size,
+                minibatch = [trees[i] for i in rng.choice(len(trees), batch_size,
                                                       replace=False)]
                 with tf.GradientTape():
                     started = time.perf_counter()
-                    loss = tf.add_n([model.loss(tree, vocabulary) for tree in batch])
+                    loss = tf.add_n([model.loss(tree, vocabulary) for tree in minibatch])
                     recording += time.perf_counter() - started
                     tf.build(loss)
             stats = tf.stats()

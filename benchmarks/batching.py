@@ -69,71 +69,72 @@ def median_rate(run_pass, sentences, passes):
 
 def per_instance_system(module, make_model):
     """Training and inference passes of a model that encodes one tree at a time."""
-    def passes(batches, vocabulary):
+    def passes(minibatches, vocabulary):
         model = make_model()
         optimizer = module.keras.optimizers.Adagrad(0.05)   # (subgraphjit's: a compiled update)
 
         def train():
-            for batch in batches:
-                train_step(module, model, optimizer, batch, vocabulary)
+            for minibatch in minibatches:
+                train_step(module, model, optimizer, minibatch, vocabulary)
 
         def infer():
-            for batch in batches:
+            for minibatch in minibatches:
                 # subgraphjit's batching scope (no GradientTape here to be one).
                 with getattr(module, "batching", contextlib.nullcontext)():
-                    outputs = [model.logits(t, vocabulary) for t in batch]
+                    outputs = [model.logits(t, vocabulary) for t in minibatch]
                 [np.asarray(o) for o in outputs]
         return Passes(train, infer, model)
     return passes
 
 
-def front_end_rate(model, batches, vocabulary):
+def front_end_rate(model, minibatches, vocabulary):
     """Training sentences/s if only subgraphjit's front end cost time: the
     model code and its recording, pattern search and the batching analysis
     (grouping, duplicates, the schedule), everything before the first
     batched launch.  The forward still runs, untimed; no backward, no update."""
     seconds, sentences = 0.0, 0
-    for batch in batches:
+    for minibatch in minibatches:
         subgraphjit.reset_stats()
         with subgraphjit.GradientTape():
             started = time.perf_counter()
-            loss = subgraphjit.add_n([model.loss(t, vocabulary) for t in batch]) / len(batch)
+            loss = subgraphjit.add_n([model.loss(t, vocabulary) for t in minibatch]) \
+                / len(minibatch)
             seconds += time.perf_counter() - started
             subgraphjit.build(loss)
         statistics = subgraphjit.stats()
         seconds += statistics["search_seconds"] + statistics["analysis_seconds"]
-        sentences += len(batch)
+        sentences += len(minibatch)
     return sentences / seconds
 
 
 def hand_batched_system(make_model):
-    def passes(batches, vocabulary):
+    def passes(minibatches, vocabulary):
         model = make_model()
         optimizer = tensorflow.keras.optimizers.Adagrad(0.05)
 
         def train():
-            for batch in batches:
-                plan = model.plan(batch, vocabulary)
+            for minibatch in minibatches:
+                plan = model.plan(minibatch, vocabulary)
                 with tensorflow.GradientTape() as tape:
                     loss = model.batch_loss(plan)
                 gradients = tape.gradient(loss, model.variables)
                 optimizer.apply_gradients(zip(gradients, model.variables))
 
         def infer():
-            for batch in batches:
-                model.batch_logits(model.plan(batch, vocabulary)).numpy()
+            for minibatch in minibatches:
+                model.batch_logits(model.plan(minibatch, vocabulary)).numpy()
         return Passes(train, infer)
     return passes
 
 
 def compiled_hand_batched_system(make_model):
-    def passes(batches, vocabulary):
+    def passes(minibatches, vocabulary):
         model = make_model()
         train_step, logits = compiled_hand_batched(
             model, tensorflow.keras.optimizers.Adagrad(0.05))
         def plans():
-            for batch in batches:
-                yield model.plan_tensors(model.plan(batch, vocabulary))
+            for minibatch in minibatches:
+                yield model.plan_tensors(model.plan(minibatch, vocabulary))
 
         def train():
             for plan in plans():
@@ -240,8 +241,8 @@ def main():
         rows, eager = [], None
         for name, system in systems.items():
             subset = trees[:arguments.eager_trees] if name in per_instance else trees
-            batches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
-            train, infer, model = system(batches, vocabulary)
+            minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
+            train, infer, model = system(minibatches, vocabulary)
             subgraphjit.reset_stats()
             started = time.perf_counter()
             train(), infer()  # warm up: traces, caches, compiled programs
@@ -255,7 +256,7 @@ def main():
             speeds = (median_rate(train, len(subset), arguments.passes),
                       median_rate(infer, len(subset), arguments.passes))
             eager = eager or speeds
-            front_end = (front_end_rate(model, batches, vocabulary)
+            front_end = (front_end_rate(model, minibatches, vocabulary)
                          if name.startswith("subgraphjit") else None)
             rows.append((name, *speeds, front_end, warm_up, programs))
         if has_dynet:

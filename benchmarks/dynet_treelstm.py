@@ -70,14 +70,14 @@ def main():
     def logits(tree):
         return dy.affine_transform([output_bias, output_weight, encode(tree)[0]])
 
-    def build_loss(batch):
+    def build_loss(minibatch):
         return dy.esum([dy.pickneglogsoftmax(logits(t), t.label)
-                        for t in batch]) / len(batch)
+                        for t in minibatch]) / len(minibatch)
 
-    batches = [trees[k:k + arguments.batch_size]
+    minibatches = [trees[k:k + arguments.batch_size]
                for k in range(0, len(trees), arguments.batch_size)]
     if arguments.construction:
-        print(json.dumps(construction_cost(dy, build_loss, batches[0],
+        print(json.dumps(construction_cost(dy, build_loss, minibatches[0],
                                            arguments.passes)))
         return
     speeds = {}
@@ -85,15 +85,15 @@ def main():
         rates = []
         for _ in range(arguments.passes):
             started = time.perf_counter()
-            for batch in batches:
+            for minibatch in minibatches:
                 dy.renew_cg()
                 if mode == "train":
-                    loss = build_loss(batch)
+                    loss = build_loss(minibatch)
                     loss.value()
                     loss.backward()
                     trainer.update()
                 else:
-                    outputs = [logits(t) for t in batch]
+                    outputs = [logits(t) for t in minibatch]
                     dy.forward(outputs)
                     [o.npvalue() for o in outputs]
             rates.append(len(trees) / (time.perf_counter() - started))
@@ -101,14 +101,14 @@ def main():
     print(json.dumps(speeds))
 
 
-def construction_cost(dy, build_loss, batch, repeats):
+def construction_cost(dy, build_loss, minibatch, repeats):
     """Microseconds per graph node to build ``batch``'s loss (median and
     best of ``repeats``), and the nodes: those DyNet's graph prints."""
     seconds = []
     for _ in range(repeats):
         dy.renew_cg()
         started = time.perf_counter()
-        build_loss(batch)
+        build_loss(minibatch)
         seconds.append(time.perf_counter() - started)
     nodes = _graph_nodes(dy)
     per_node = sorted(second / nodes * 1e6 for second in seconds)

@@ -62,10 +62,10 @@ def make_model(name, width, seed):
     return model_class(np.random.default_rng(seed), **sizes)
 
 
-def train_step(module, model, optimizer, batch, plain_loop=False):
+def train_step(module, model, optimizer, minibatch, plain_loop=False):
     with module.GradientTape() as tape:
-        loss = module.add_n([model.loss(module, example) for example in batch]
-                            if plain_loop else minibatch_losses(module, model, batch))
+        loss = module.add_n([model.loss(module, example) for example in minibatch]
+                            if plain_loop else minibatch_losses(module, model, minibatch))
         if module is subgraphjit:
             loss = subgraphjit.build(loss)
     gradients = tape.gradient(loss, model.variables)
@@ -92,18 +92,18 @@ def rate(name, setting, arguments):
                           + len(Trial.UNITS) * (2 * PARAMETERS["compile"].default + 1))
     model = make_model(name, arguments.width, seed=0)
     data = np.random.default_rng(1)
-    batches = [model.random_examples(data, arguments.batch_size)
+    minibatches = [model.random_examples(data, arguments.batch_size)
                for _ in range(warm_up_steps + arguments.minibatches)]
     optimizer = module.keras.optimizers.SGD(0.01)   # (subgraphjit's: a compiled update)
     plain_loop = setting is PLAIN_LOOP
     started = time.perf_counter()
-    for batch in batches[:warm_up_steps]:
-        train_step(module, model, optimizer, batch, plain_loop)
+    for minibatch in minibatches[:warm_up_steps]:
+        train_step(module, model, optimizer, minibatch, plain_loop)
     warm_up = time.perf_counter() - started
     subgraphjit.reset_stats()
     started, cpu_started = time.perf_counter(), time.process_time()
-    for batch in batches[warm_up_steps:]:
-        train_step(module, model, optimizer, batch, plain_loop)
+    for minibatch in minibatches[warm_up_steps:]:
+        train_step(module, model, optimizer, minibatch, plain_loop)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     stats = subgraphjit.stats()

@@ -34,14 +34,14 @@ from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM  # noqa: E402
 
 
-def time_recording(model, batch, vocabulary):
+def time_recording(model, minibatch, vocabulary):
     """Seconds to record one minibatch's loss inside a GradientTape, as the
     training loop does, and the ops recorded; the tape's exit then evaluates
     it (not timed)."""
     subgraphjit.reset_stats()
     with subgraphjit.GradientTape():
         started = time.perf_counter()
-        subgraphjit.add_n([model.loss(tree, vocabulary) for tree in batch])
+        subgraphjit.add_n([model.loss(tree, vocabulary) for tree in minibatch])
         elapsed = time.perf_counter() - started
         recorded = subgraphjit.stats()["nodes_recorded"]
     return elapsed, recorded
@@ -62,7 +62,7 @@ def node_storage():
     return slab["chunks"] * slab["chunk_bytes"]
 
 
-def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
+def memory_per_op(model, minibatch, vocabulary, ops_per_minibatch):
     """Bytes per recorded op that a recorded graph holds: allocated
     (tracemalloc, and the chunks nodes live in) and resident-set growth.  Copies of the minibatch's
     recording are kept alive together (2,000,000 ops or more) and each
@@ -82,7 +82,7 @@ def memory_per_op(model, batch, vocabulary, ops_per_minibatch):
         losses, marks = [], []
         for _ in range(2 * -(-1_000_000 // ops_per_minibatch)):
             losses.append(subgraphjit.add_n(
-                [model.loss(tree, vocabulary) for tree in batch]))
+                [model.loss(tree, vocabulary) for tree in minibatch]))
             marks.append((tracemalloc.get_traced_memory()[0] + node_storage()
                           if traced else resident_bytes(),
                           subgraphjit.stats()["nodes_recorded"]))
@@ -118,17 +118,17 @@ def main():
     model = TreeLSTM(subgraphjit, len(vocabulary), 2)
     rows = []
     for batch_size in arguments.batch_sizes:
-        batch = trees[:batch_size]
-        time_recording(model, batch, vocabulary)  # warm the spec caches
+        minibatch = trees[:batch_size]
+        time_recording(model, minibatch, vocabulary)  # warm the spec caches
         per_op = []
         for _ in range(arguments.repeats):
             gc.collect()
-            elapsed, recorded = time_recording(model, batch, vocabulary)
+            elapsed, recorded = time_recording(model, minibatch, vocabulary)
             per_op.append(elapsed / recorded * 1e6)
         rows.append((batch_size, recorded, np.median(per_op), min(per_op),
                      np.median(per_op) * recorded / 1e3,
                      dynet_construction(batch_size, arguments.repeats),
-                     *memory_per_op(model, batch, vocabulary, recorded)))
+                     *memory_per_op(model, minibatch, vocabulary, recorded)))
     print(f"{'batch':>5}  {'ops recorded':>12}  {'us/op (median)':>14}  "
           f"{'us/op (best)':>12}  {'ms/minibatch':>12}  {'DyNet us/node':>13}  "
           f"{'x DyNet':>7}  {'bytes/op allocated':>18}  {'bytes/op resident':>17}")

@@ -57,11 +57,11 @@ class HandBatchedTreeLSTM(TreeLSTM):
         super().__init__(tf, *args, **kwargs)
 
     @staticmethod
-    def plan(batch, word_ids):
+    def plan(minibatch, word_ids):
         """Rows of every node, by height: leaves' word ids, and per level the
         rows of each node's children in the table of all lower levels."""
         height, levels = {}, []
-        for tree in batch:
+        for tree in minibatch:
             for node in tree.nodes():  # children first
                 h = 0 if node.is_leaf else 1 + max(height[id(node.left)],
                                                    height[id(node.right)])
@@ -78,8 +78,8 @@ class HandBatchedTreeLSTM(TreeLSTM):
         children = [(np.array([row[id(n.left)] for n in level], np.int32),
                      np.array([row[id(n.right)] for n in level], np.int32))
                     for level in levels[1:]]
-        roots = np.array([row[id(tree)] for tree in batch], np.int32)
-        labels = np.array([tree.label for tree in batch], np.int32)
+        roots = np.array([row[id(tree)] for tree in minibatch], np.int32)
+        labels = np.array([tree.label for tree in minibatch], np.int32)
         return leaf_ids, children, roots, labels
 
     def batch_logits(self, plan):

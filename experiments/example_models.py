@@ -65,7 +65,7 @@ class TreeLSTM(TreeModel):
 
 class ChildSumTreeLSTM(TreeModel):
     """Tai et al.'s child-sum Tree-LSTM as public examples write it:
-    vectors without a batch axis, ``tf.zeros(...)[:] + ...`` and
+    vectors without a leading axis of one, ``tf.zeros(...)[:] + ...`` and
     ``h_sum += h``, the matrix-vector idiom ``tensordot(W, x, axes=1)``.
     The cell's arithmetic calls the real ``tensorflow`` module, as a
     library written against TensorFlow would: under subgraphjit it gets

@@ -58,10 +58,10 @@ class TreeLSTM:
             labels=[tree.label], logits=self.logits(tree, word_ids)))
 
 
-def train_step(tf, model, optimizer, batch, word_ids):
+def train_step(tf, model, optimizer, minibatch, word_ids):
     """One minibatch, written exactly as the issue's user code."""
     with tf.GradientTape() as tape:
-        loss = tf.add_n([model.loss(tree, word_ids) for tree in batch]) / len(batch)
+        loss = tf.add_n([model.loss(tree, word_ids) for tree in minibatch]) / len(minibatch)
         if hasattr(tf, "build"):
             loss = tf.build(loss)
     gradients = tape.gradient(loss, model.variables)

@@ -77,7 +77,7 @@ def minibatches(trees, batch_size, steps, seed):
             for k in range(steps)]
 
 
-def train(tf, arguments, batches, vocabulary, classes, name):
+def train(tf, arguments, training_minibatches, vocabulary, classes, name):
     """Train one backend; returns the model, per-step losses and the timings
     of the timed steps."""
     model = TreeLSTM(tf, len(vocabulary), classes, arguments.embedding,
@@ -85,11 +85,12 @@ def train(tf, arguments, batches, vocabulary, classes, name):
     optimizer = tf.keras.optimizers.Adagrad(learning_rate=0.05)
     losses, timings = [], []
     lazy = hasattr(tf, "build")
-    for batch in tqdm(batches, desc=f"training ({name})", unit="batch",
-                      leave=False):
+    for minibatch in tqdm(training_minibatches, desc=f"training ({name})", unit="batch",
+                          leave=False):
         started = time.perf_counter()
         with tf.GradientTape() as tape:
-            loss = tf.add_n([model.loss(tree, vocabulary) for tree in batch]) / len(batch)
+            loss = tf.add_n([model.loss(tree, vocabulary) for tree in minibatch]) \
+                / len(minibatch)
             constructed = time.perf_counter()
             if lazy:
                 searched_before = tf.stats()["search_seconds"]
@@ -121,12 +122,12 @@ def accuracy(tf, model, trees, vocabulary, batch_size):
     correct = 0
     for start in tqdm(range(0, len(trees), batch_size), desc="dev accuracy",
                       unit="batch", leave=False):
-        batch = trees[start:start + batch_size]
+        minibatch = trees[start:start + batch_size]
         # subgraphjit's batching scope evaluates the minibatch on exit.
         with getattr(tf, "batching", contextlib.nullcontext)():
-            logits = [model.logits(tree, vocabulary) for tree in batch]
+            logits = [model.logits(tree, vocabulary) for tree in minibatch]
         correct += sum(int(np.argmax(np.asarray(value)) == tree.label)
-                       for value, tree in zip(logits, batch))
+                       for value, tree in zip(logits, minibatch))
     return correct / max(len(trees), 1)
 
 
@@ -147,8 +148,8 @@ def main(argv=None):
     dev_trees = [dev_trees[i] for i in sorted(sample[:arguments.dev_limit])]
     vocabulary = sst.Vocabulary(train_trees)
     classes = 2 if binary else 5
-    batches = minibatches(train_trees, arguments.batch_size, arguments.steps,
-                          arguments.seed)
+    training_minibatches = minibatches(train_trees, arguments.batch_size, arguments.steps,
+                                       arguments.seed)
     print(f"SST {'binary' if binary else 'fine-grained'}: {len(train_trees)} "
           f"training trees, vocabulary {len(vocabulary)}, batch "
           f"{arguments.batch_size}, {arguments.steps} steps (first "
@@ -173,7 +174,7 @@ def main(argv=None):
             tf.set_parameter("overlap", not arguments.no_overlap)
             tf.reset_patterns()
             tf.reset_stats()
-        model, losses, timings = train(tf, arguments, batches, vocabulary,
+        model, losses, timings = train(tf, arguments, training_minibatches, vocabulary,
                                        classes, name)
         if name != "tensorflow":
             statistics[name] = tf.stats()

@@ -931,8 +931,8 @@ replace(PyObject *module, PyObject *args)
      * ``replaced`` borrow.  The search is depth first: a node's operands
      * next, which were recorded just before it, rather than the whole
      * minibatch's nodes at one distance from the roots (a breadth-first
-     * order reads every tree at each step, missing the cache at batch
-     * 256).  The order changes no match: a node a pattern could swallow
+     * order reads every tree at each step, missing the cache with
+     * minibatches of 256).  The order changes no match: a node a pattern could swallow
      * has one consumer, so it is visited after that consumer in any
      * order, and the rest never becomes a pattern's interior. */
     PyObject *result = NULL, *stack[STACK_SLOTS];

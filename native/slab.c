@@ -4,11 +4,11 @@
  * after a few minibatches a new minibatch's nodes lie wherever the last
  * ones died, scattered over the heap, and every pass over the graph (the
  * ancestors' walk, the pattern search, the graph description, freeing)
- * misses the cache at nearly every node: at batch 256 most of those
- * passes' time.  Here consecutive nodes share a chunk: a chunk is filled
- * in allocation order, and one that empties is refilled from its start.
- * A chunk a few long-lived nodes keep is reused once half of it is free,
- * so a user who keeps every minibatch's loss pins no memory.
+ * misses the cache at nearly every node: with minibatches of 256, most
+ * of those passes' time.  Here consecutive nodes share a chunk: a chunk is
+ * filled in allocation order, and one that empties is refilled from its
+ * start.  A chunk a few long-lived nodes keep is reused once half of it is
+ * free, so a user who keeps every minibatch's loss pins no memory.
  *
  * The chunk holding a slot is its address rounded down to the chunk
  * size, so freeing needs no lookup.  All of it runs under the GIL. */

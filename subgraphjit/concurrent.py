@@ -226,7 +226,7 @@ def map(fn, items):  # noqa: A001 (tf.batching.map, as the user writes it)
     batches across instances.  Returns the results in order::
 
         with tf.GradientTape() as tape:
-            losses = tf.batching.map(lambda example: model.loss(example), batch)
+            losses = tf.batching.map(lambda example: model.loss(example), minibatch)
             loss = tf.add_n(losses)
 
     ``tf.stats()`` counts the rounds (``concurrent_rounds``) and the reads

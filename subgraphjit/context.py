@@ -103,7 +103,7 @@ PARAMETERS = {
         "16 evaluations' keys, so that a model whose keys keep changing "
         "never compiles (4, the default: faster than step by step for the "
         "example tree models, and for the SST Tree-LSTM's training and "
-        "inference at batch 25 and 256; see BENCHMARKS.md); "
+        "inference at minibatches of 25 and 256; see BENCHMARKS.md); "
         "0: never, every batch runs as its own op"),
     "overlap": Parameter(
         True, _parse_flag, _is_flag,
@@ -220,7 +220,7 @@ class Context:
         # Everything recorded in a scope stays alive until the scope closes,
         # so the cyclic collector can free none of it; left on, it would
         # sweep the growing graph again and again (7 microseconds per op at
-        # a batch of 256 trees).  It is paused until the outermost scope
+        # a minibatch of 256 trees).  It is paused until the outermost scope
         # closes, then resumes and collects whatever cycles the block made.
         if not self.scopes:
             self.collector_was_on = gc.isenabled()

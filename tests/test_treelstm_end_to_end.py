@@ -34,7 +34,7 @@ def test_binary_split_drops_neutral_sentences_and_maps_labels(trees):
 @pytest.mark.parametrize("scheduler", ["none", "depth", "agenda", "critical"])
 def test_training_matches_eager_tensorflow(trees, scheduler):
     vocabulary = sst.Vocabulary(trees)
-    batches = [trees[0:4], trees[4:8], trees[8:12]]
+    minibatches = [trees[0:4], trees[4:8], trees[8:12]]
     runs = {}
     subgraphjit.set_parameter("scheduler", scheduler)
     try:
@@ -42,8 +42,8 @@ def test_training_matches_eager_tensorflow(trees, scheduler):
             model = TreeLSTM(module, len(vocabulary), 2, embedding=16, hidden=8,
                              seed=1)
             optimizer = tensorflow.keras.optimizers.Adagrad(learning_rate=0.1)
-            losses = [train_step(module, model, optimizer, batch, vocabulary)
-                      for batch in batches]
+            losses = [train_step(module, model, optimizer, minibatch, vocabulary)
+                      for minibatch in minibatches]
             runs[module.__name__] = (losses, [v.numpy() for v in model.variables])
     finally:
         subgraphjit.set_parameter("scheduler", "agenda")

@@ -25,7 +25,7 @@ constraints are small, as batches' operands are.
 P[a, Q[b, c, d], P[e, f]]
 >>> tree.count_orders()
 24
->>> tree.reduce("bd")   # b, c, d are in a row with c in the middle
+>>> tree.reduce("bd")   # b, c, d are consecutive, c in the middle
 False
 >>> "".join(tree.frontier())
 'abcdef'

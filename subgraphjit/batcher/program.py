@@ -422,7 +422,7 @@ class _Compiled:
         # Run only the step's branch, as a function call.  Lowered to
         # switches and merges (TensorFlow's default), every op of every
         # other branch would pass a dead tensor on, at each step: the
-        # Tree-LSTM's programs ran 5-7% slower at batch 256.  (No public
+        # Tree-LSTM's programs ran 5-7% slower at minibatches of 256.  (No public
         # API says so; where this private one fails, the default stays.)
         for op in graph.get_operations()[before:]:
             if op.type in ("Case", "StatelessCase"):

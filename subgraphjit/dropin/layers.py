@@ -3,8 +3,8 @@
 A Keras layer is the framework's own unit of work, so a call of a known
 layer with nodes records *one* node whose op entry stands for that layer
 instance: calls of the same layer across a minibatch's instances run as one
-call on their rows concatenated along axis 0, the per-instance batch axis
-(``row_wise_rule``).
+call on their rows concatenated along axis 0, each instance's own first
+axis (``row_wise_rule``).
 
 The hook is a wrapper around ``keras.layers.Layer.__call__`` (``install``).
 Keras has no extension point for foreign tensor types: its ``__call__``
@@ -69,7 +69,7 @@ def _row_wise_classes():
     """Layer classes whose call maps each row of axis 0 to the same row of
     the output, by exact type (a subclass may override ``call``), with the
     least rank their inputs need for that: a Keras activation reduces over
-    the last axis at most (softmax), which must not be the batch axis."""
+    the last axis at most (softmax), which must not be the first axis."""
     from keras import layers
     return {layers.Dense: 2, layers.Embedding: 1, layers.Activation: 2,
             layers.ReLU: 2, layers.LeakyReLU: 2, layers.ELU: 2,

@@ -5,7 +5,7 @@ Algorithm 1 of ED-Batch: while nodes remain, encode the graph's *frontier*
 node type for that state, and run every frontier node of that type as one
 batch.  The policy is a finite-state machine -- a table from states to types
 -- so it costs one dictionary lookup per batch, and it depends only on the
-model's structure, not on the inputs or the batch size: learned on one
+model's structure, not on the inputs or the minibatch size: learned on one
 minibatch, it schedules every later one.
 
 States (section 2.3) are made of type *names* (``BatchGraph.type_names``),
