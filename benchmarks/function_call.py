@@ -72,8 +72,8 @@ def main():
     for batch_size in arguments.batch_sizes:
         inputs = [tf.constant(rng.normal(size=(batch_size, HIDDEN)).astype(np.float32))
                   for _ in range(4)]
-        signature = [tf.TensorSpec((None, HIDDEN), tf.float32)] * 4
-        compiled = tf.function(cell, autograph=False, input_signature=signature)
+        input_signature = [tf.TensorSpec((None, HIDDEN), tf.float32)] * 4
+        compiled = tf.function(cell, autograph=False, input_signature=input_signature)
         ways = {"eager ops": cell, "tf.function": compiled,
                 "concrete function": compiled.get_concrete_function()}
         for backward in (False, True):

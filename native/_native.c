@@ -821,17 +821,19 @@ shared_attrs(PyObject *attrs)
 }
 
 /* The record cache: the output spec and the shared attributes of recent
- * signatures, found without building the cache key.  ``entry.cache`` stays
- * the record of every signature (shape inference fills it); this table
- * answers the common case in front of it: an op whose operands are at
- * most RECORD_OPERANDS and whose attributes are a flat tuple of plain
+ * record keys (an op entry, its attributes with their types, its operand
+ * specs), found without building the cache key.  ``entry.cache`` still
+ * holds the spec of every record key (shape inference fills it); this
+ * table answers the common case in front of it: an op whose operands are
+ * at most RECORD_OPERANDS and whose attributes are a flat tuple of plain
  * items (shared_attrs' condition).  Building, hashing and comparing the
  * key tuples (the attributes, their types, the operand specs) and then
  * sharing the attributes by a second lookup were most of record's own
- * time.  An entry is keyed by the op entry and the operand specs by identity
- * (specs are interned) and by the attributes item by item (same type and
- * equal); it holds references to all of them, so no key's address is
- * reused while it is cached.  Direct-mapped: a collision replaces. */
+ * time.  An entry is keyed by the op entry and the operand specs by
+ * identity (specs are interned) and by the attributes item by item (same
+ * type and equal); it holds references to all of them, so no key's
+ * address is reused while it is cached.  Direct-mapped: a collision
+ * replaces. */
 #define RECORD_SLOTS 4096
 #define RECORD_OPERANDS 4
 typedef struct {
@@ -870,7 +872,7 @@ operand_specs(PyObject *inputs, PyObject **specs)
     return 0;
 }
 
-/* The hash of a signature, or -1 with an exception set (an unhashable
+/* The hash of a record key, or -1 with an exception set (an unhashable
  * item: never, for plain items). */
 static Py_hash_t
 record_hash(PyObject *op_entry, PyObject *attrs, PyObject *const *specs,
@@ -890,7 +892,7 @@ record_hash(PyObject *op_entry, PyObject *attrs, PyObject *const *specs,
     return (Py_hash_t)(hash & ~(Py_uhash_t)1);   /* never -1 */
 }
 
-/* 1 if ``entry`` is this signature's, 0 if not, -1 with an exception set. */
+/* 1 if ``entry`` is this record key's, 0 if not, -1 with an exception set. */
 static int
 record_entry_is(RecordEntry *entry, Py_uhash_t hash, PyObject *op_entry,
                 PyObject *attrs, PyObject *const *specs, Py_ssize_t count)
@@ -939,7 +941,7 @@ record_entry_set(RecordEntry *entry, Py_uhash_t hash, PyObject *op_entry,
         Py_XDECREF(old[i]);
 }
 
-/* Can the record cache hold this signature? */
+/* Can the record cache hold this record key? */
 static int
 cacheable(PyObject *inputs, PyObject *attrs)
 {
@@ -1032,7 +1034,7 @@ known:
     if (site == NULL)
         goto done;
     if (spec == NULL) {
-        /* A new signature: run the op once on stand-ins (rare). */
+        /* A new record key: run the op once on stand-ins (rare). */
         spec = PyObject_CallFunctionObjArgs(infer, op_entry, inputs, attrs, key,
                                             site, NULL);
         if (spec == NULL)

@@ -1051,14 +1051,14 @@ info_of_entry(Describe *d, PyObject *op_entry)
     return info;
 }
 
-/* A node's signature and identity are C values, compared and hashed here:
- * the Python tuple of a signature (graph.signatures) is made once per type,
- * not once per node, since allocating and freeing a handful of tuples per
- * node was most of this loop's cost.  Equal means what it meant for those
- * tuples: op entries, specs and shared tensors by identity, numbers and value
- * keys by ``==`` (an object equals itself). */
+/* A node's batching type and identity are C values, compared and hashed
+ * here: the Python tuple of a batching type (graph.types) is made once per
+ * type, not once per node, since allocating and freeing a handful of tuples
+ * per node was most of this loop's cost.  Equal means what it meant for
+ * those tuples: op entries, specs and shared tensors by identity, numbers
+ * and value keys by ``==`` (an object equals itself). */
 
-/* One operand's part of the signature (a new reference each). */
+/* One operand's part of the batching type (a new reference each). */
 enum { PART_SPEC, PART_NUMBER, PART_SHARED };
 typedef struct {
     int tag;
@@ -1338,9 +1338,9 @@ work_table_free(WorkTable *work)
     PyMem_Free(work->slots.slots);
 }
 
-/* The signature's hash: op entry, attrs (with their types), parts. */
+/* The batching type's hash: op entry, attrs (with their types), parts. */
 static int
-signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
+type_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
 {
     if (node->entry == NULL || node->attrs == NULL || !PyTuple_Check(node->attrs)) {
         /* (changed by a callback since describe_node checked them) */
@@ -1361,8 +1361,8 @@ signature_hash(Node *node, const PartArray *parts, Py_uhash_t *hash)
 }
 
 static int
-same_signature(const TypeTable *types, const TypeEntry *entry, Node *node,
-               const PartArray *parts)
+same_type(const TypeTable *types, const TypeEntry *entry, Node *node,
+          const PartArray *parts)
 {
     if (entry->op_entry != node->entry || entry->count != parts->size)
         return 0;
@@ -1380,24 +1380,25 @@ same_signature(const TypeTable *types, const TypeEntry *entry, Node *node,
     return equal;
 }
 
-/* The signature tuple BatchGraph gives (op entry, attrs, attr types, a part per
- * operand) and the shared-operand flags, for a new type. */
+/* The batching type's tuple BatchGraph gives (op entry, attrs, attr types, a
+ * part per operand) and the shared-operand flags, for a new type. */
 static int
-signature_tuples(Describe *d, Node *node, const PartArray *parts,
-                 PyObject **signature_out, PyObject **shared_out)
+type_tuples(Describe *d, Node *node, const PartArray *parts,
+            PyObject **type_out, PyObject **shared_out)
 {
     Py_ssize_t attr_count = PyTuple_GET_SIZE(node->attrs);
-    PyObject *signature = PyTuple_New(3 + parts->size);
+    PyObject *batching_type = PyTuple_New(3 + parts->size);
     PyObject *shared = PyTuple_New(parts->size);
-    PyObject *types = PyTuple_New(attr_count);
-    if (signature == NULL || shared == NULL || types == NULL)
+    PyObject *attr_types = PyTuple_New(attr_count);
+    if (batching_type == NULL || shared == NULL || attr_types == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < attr_count; i++)
-        PyTuple_SET_ITEM(types, i, Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
-    PyTuple_SET_ITEM(signature, 0, Py_NewRef(node->entry));
-    PyTuple_SET_ITEM(signature, 1, Py_NewRef(node->attrs));
-    PyTuple_SET_ITEM(signature, 2, types);
-    types = NULL;
+        PyTuple_SET_ITEM(attr_types, i,
+                         Py_NewRef(Py_TYPE(PyTuple_GET_ITEM(node->attrs, i))));
+    PyTuple_SET_ITEM(batching_type, 0, Py_NewRef(node->entry));
+    PyTuple_SET_ITEM(batching_type, 1, Py_NewRef(node->attrs));
+    PyTuple_SET_ITEM(batching_type, 2, attr_types);
+    attr_types = NULL;
     for (Py_ssize_t i = 0; i < parts->size; i++) {
         const Part *part = &parts->items[i];
         PyObject *item;
@@ -1412,35 +1413,35 @@ signature_tuples(Describe *d, Node *node, const PartArray *parts,
         }
         if (item == NULL)
             goto fail;
-        PyTuple_SET_ITEM(signature, 3 + i, item);
+        PyTuple_SET_ITEM(batching_type, 3 + i, item);
         PyTuple_SET_ITEM(shared, i, Py_NewRef(part->tag == PART_SPEC ? Py_False : Py_True));
     }
-    *signature_out = signature;
+    *type_out = batching_type;
     *shared_out = shared;
     return 0;
 fail:
-    Py_XDECREF(signature);
+    Py_XDECREF(batching_type);
     Py_XDECREF(shared);
-    Py_XDECREF(types);
+    Py_XDECREF(attr_types);
     return -1;
 }
 
 /* The type of a node whose parts are ``parts`` (taken: the table keeps
  * them or they are released), adding a new type to the table and to
- * ``signatures`` / ``shared_operand``. */
+ * ``batching_types`` / ``shared_operand``. */
 static Py_ssize_t
 intern_type(Describe *d, TypeTable *types, Node *node, PartArray *parts,
-            PyObject *signatures, PyObject *shared_operand)
+            PyObject *batching_types, PyObject *shared_operand)
 {
     Py_uhash_t hash;
-    if (signature_hash(node, parts, &hash) < 0)
+    if (type_hash(node, parts, &hash) < 0)
         return -1;
     size_t slot = slot_of(hash, types->slots.mask);
     Py_ssize_t found;
     while ((found = types->slots.slots[slot]) >= 0) {
         const TypeEntry *entry = &types->items[found];
         if (entry->hash == hash) {
-            int equal = same_signature(types, entry, node, parts);
+            int equal = same_type(types, entry, node, parts);
             if (equal < 0)
                 return -1;
             if (equal) {
@@ -1450,12 +1451,12 @@ intern_type(Describe *d, TypeTable *types, Node *node, PartArray *parts,
         }
         slot = (slot + 1) & types->slots.mask;
     }
-    PyObject *signature, *shared;
-    if (signature_tuples(d, node, parts, &signature, &shared) < 0)
+    PyObject *batching_type, *shared;
+    if (type_tuples(d, node, parts, &batching_type, &shared) < 0)
         return -1;
-    int failed = PyList_Append(signatures, signature) < 0
+    int failed = PyList_Append(batching_types, batching_type) < 0
         || PyList_Append(shared_operand, shared) < 0;
-    Py_DECREF(signature);
+    Py_DECREF(batching_type);
     Py_DECREF(shared);
     if (failed)
         return -1;
@@ -1550,7 +1551,7 @@ same_work(WorkTable *work, Py_ssize_t type, Py_ssize_t index, IdentArray *idents
 }
 
 /* One scheduled node's operands and sources (pushed to ``table``), and its
- * signature's parts and identity (appended to ``parts`` and ``idents``,
+ * batching type's parts and identity (appended to ``parts`` and ``idents``,
  * which start empty). */
 static int
 describe_node(Describe *d, Node *node, const IdMap *index_of,
@@ -1708,7 +1709,7 @@ PyDoc_STRVAR(describe_graph_doc,
 "describe_graph(nodes, access_entry, entry_info, kind_of,\n"
 "               spec_of_foreign, value_key, take_output)\n--\n\n"
 "BatchGraph's loop over its nodes (see batcher/graph.py, which gives the\n"
-"callbacks); returns (type_of, duplicate_of, operands, sources, signatures,\n"
+"callbacks); returns (type_of, duplicate_of, operands, sources, types,\n"
 "shared_operand, duplicates): ``operands`` an OperandTable, ``sources`` its\n"
 "Sources view, ``duplicates`` counting the nodes whose work an earlier node\n"
 "does.");
@@ -1744,7 +1745,7 @@ describe_graph(PyObject *module, PyObject *args)
     Py_ssize_t *type_of = PyMem_New(Py_ssize_t, count + 1);
     Py_ssize_t *duplicate_of = PyMem_New(Py_ssize_t, count + 1);
     OperandTable *table = operand_table_new(count);
-    PyObject *signatures = PyList_New(0), *shared_operand = PyList_New(0);
+    PyObject *batching_types = PyList_New(0), *shared_operand = PyList_New(0);
     PyObject *result = NULL;
     d.entry_cache = PyDict_New();
     d.kind_cache = PyDict_New();
@@ -1753,7 +1754,7 @@ describe_graph(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (table == NULL || signatures == NULL
+    if (table == NULL || batching_types == NULL
             || shared_operand == NULL || d.entry_cache == NULL
             || d.kind_cache == NULL || d.str_shared == NULL
             || idmap_init(&index_of, nodes) < 0
@@ -1809,8 +1810,8 @@ describe_graph(PyObject *module, PyObject *args)
         int own = keeps_own_row(&d, node, PyTuple_GET_ITEM(info, 1));
         if (own < 0)
             goto done;
-        Py_ssize_t node_type_index = intern_type(&d, &types, node, &parts, signatures,
-                                                 shared_operand);
+        Py_ssize_t node_type_index = intern_type(&d, &types, node, &parts,
+                                                 batching_types, shared_operand);
         if (node_type_index < 0)
             goto done;
         Py_ssize_t earlier = index;
@@ -1829,7 +1830,7 @@ describe_graph(PyObject *module, PyObject *args)
     PyObject *sources = PyObject_GetAttrString((PyObject *)table, "sources");
     if (type_list != NULL && duplicate_list != NULL && sources != NULL)
         result = Py_BuildValue("(OOOOOOn)", type_list, duplicate_list, table,
-                               sources, signatures, shared_operand, duplicates);
+                               sources, batching_types, shared_operand, duplicates);
     Py_XDECREF(type_list);
     Py_XDECREF(duplicate_list);
     Py_XDECREF(sources);
@@ -1844,7 +1845,7 @@ done:
     PyMem_Free(type_of);
     PyMem_Free(duplicate_of);
     Py_XDECREF(table);
-    Py_XDECREF(signatures);
+    Py_XDECREF(batching_types);
     Py_XDECREF(shared_operand);
     Py_XDECREF(d.entry_cache);
     Py_XDECREF(d.kind_cache);

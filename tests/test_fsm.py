@@ -21,7 +21,7 @@ class FakeGraph:
     def __init__(self, types, sources):
         names = sorted(set(types))
         self.type_names = names
-        self.signatures = names
+        self.types = names
         self.type_of = [names.index(t) for t in types]
         self.sources = [tuple(s) for s in sources]
 
@@ -109,7 +109,7 @@ class StepByStepAgenda:
     def init(self, graph):
         self._type_of = graph.type_of
         depth = self._depth_of_index = depths(graph)
-        type_count = len(graph.signatures)
+        type_count = len(graph.types)
         self._remaining = [0] * type_count
         self._depth_sum = [0] * type_count
         self._waiting_for = {}

@@ -115,9 +115,9 @@ def test_equal_plain_attributes_are_one_tuple_and_others_keep_their_own():
     assert math.copysign(1.0, positive.attrs[0]) == 1.0
 
 
-def test_more_signatures_than_the_record_cache_holds_keep_their_own_specs():
+def test_more_record_keys_than_the_record_cache_holds_keep_their_own_specs():
     """record()'s cache in front of entry.cache is direct-mapped (4096
-    entries): signatures that evict each other still get their own spec,
+    entries): record keys that evict each other still get their own spec,
     and its shared attributes, on every later record."""
     x = tensorflow.constant([1, 2])
     depths = range(1, 4500)

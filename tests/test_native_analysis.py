@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import subgraphjit as tf
 from subgraphjit import VirtualNode, _native
 from subgraphjit.batcher import graph as graph_module
-from subgraphjit.batcher.graph import BatchGraph, BatchingSignature, NodeOperand
+from subgraphjit.batcher.graph import BatchGraph, BatchingType, NodeOperand
 from subgraphjit.batcher.schedulers import (AgendaScheduler, CriticalScheduler,
                                             DepthScheduler, depths)
 from subgraphjit.context import context
@@ -77,8 +77,8 @@ def reference_agenda_schedule(graph, critical=False):
     the highest ready node instead."""
     type_of, depth = graph.type_of, reference_depths(graph)
     height = reference_heights(graph)
-    remaining = [0] * len(graph.signatures)
-    depth_sum = [0] * len(graph.signatures)
+    remaining = [0] * len(graph.types)
+    depth_sum = [0] * len(graph.types)
     waiting, consumers, ready = {}, {}, {}
     for index, node_type in enumerate(type_of):
         if node_type < 0:
@@ -148,7 +148,7 @@ class Structure:
 
     def __init__(self, type_of, sources, type_count):
         self.type_of, self.sources = type_of, sources
-        self.signatures = [None] * type_count
+        self.types = [None] * type_count
 
     def __len__(self):
         return len(self.type_of)
@@ -385,8 +385,8 @@ class ReferenceGraph:
     gave it (batcher/graph.py)."""
 
     def __init__(self, nodes):
-        index_of, signature_types, work_seen = {}, {}, {}
-        self.signatures, self.type_of, self.operands = [], [], []
+        index_of, type_numbers, work_seen = {}, {}, {}
+        self.types, self.type_of, self.operands = [], [], []
         self.duplicate_of, self.shared_operand, self.sources = [], [], []
         for index, node in enumerate(nodes):
             if node.entry is ACCESS:
@@ -403,10 +403,10 @@ class ReferenceGraph:
                 self.duplicate_of.append(index)
                 continue
             index_of[node.id] = index
-            operands, signature, identity, sources = self._describe(node, index_of)
+            operands, batching_type, identity, sources = self._describe(node, index_of)
             self.operands.append(operands)
             self.sources.append(sources)
-            identity_key = (signature, identity)
+            identity_key = (batching_type, identity)
             if reference_gathers_variable_rows(node):
                 identity_key = index
             earlier = work_seen.get(identity_key)
@@ -415,10 +415,10 @@ class ReferenceGraph:
                 self.duplicate_of.append(earlier)
                 continue
             work_seen[identity_key] = index
-            node_type = signature_types.get(signature)
+            node_type = type_numbers.get(batching_type)
             if node_type is None:
-                node_type = signature_types[signature] = len(self.signatures)
-                self.signatures.append(signature)
+                node_type = type_numbers[batching_type] = len(self.types)
+                self.types.append(batching_type)
                 self.shared_operand.append(tuple(
                     not isinstance(operand, tuple)
                     and reference_is_shared(operand, position in node.entry.index_positions)
@@ -460,9 +460,9 @@ class ReferenceGraph:
                 operands.append(operand)
                 parts.append(spec_of_foreign(operand))
                 identity.append(graph_module._value_key(operand))
-        signature = BatchingSignature(node.entry, node.attrs, tuple(map(type, node.attrs)),
-                                      tuple(parts))
-        return operands, signature, tuple(identity), sources
+        batching_type = BatchingType(node.entry, node.attrs, tuple(map(type, node.attrs)),
+                                     tuple(parts))
+        return operands, batching_type, tuple(identity), sources
 
 
 def reference_gathers_variable_rows(node):
@@ -486,7 +486,7 @@ def reference_is_shared(operand, is_index):
 
 def assert_same_description(nodes):
     graph, reference = BatchGraph(nodes), ReferenceGraph(nodes)
-    for field in ("type_of", "duplicate_of", "signatures", "shared_operand"):
+    for field in ("type_of", "duplicate_of", "types", "shared_operand"):
         assert getattr(graph, field) == getattr(reference, field), field
     assert list(graph.sources) == reference.sources
     assert graph.duplicates == sum(

@@ -239,12 +239,12 @@ def fill_arguments(graph, batches):
     program = plans.outline(graph, batches)
     kinds = [(tuple((p, b) for p, (k, b) in enumerate(kind.operands) if k == plans.ROWS),
               tuple(kind.outputs), kind.entry.multi_output) for kind in program.kinds]
-    kind_of_type = [-1] * len(graph.signatures)
+    kind_of_type = [-1] * len(graph.types)
     for number, kind_type in enumerate(sorted({graph.type_of[b[0]] for b in batches},
                                               key=lambda t: (graph.type_names[t], t))):
         kind_of_type[kind_type] = number
     return [batches, graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
-            len(graph.signatures), kind_of_type, kinds, program.computed, ACCESS]
+            len(graph.types), kind_of_type, kinds, program.computed, ACCESS]
 
 
 def test_fill_of_bad_input_raises_clean_errors():
@@ -269,7 +269,7 @@ def test_fill_of_bad_input_raises_clean_errors():
             (2, [99] * count, ValueError),                # types out of range
             (3, [-1] * count, ValueError),
             (4, [[]] * count, ValueError),                # operands missing
-            (6, [5] * len(graph.signatures), ValueError),  # a kind out of range
+            (6, [5] * len(graph.types), ValueError),  # a kind out of range
             (7, [("no",)], TypeError),
             (7, [[(), (0,), False]] * 5, TypeError),            # a kind not a tuple
             (7, [([0, 1], (0,), False)] * 5, TypeError),
@@ -306,7 +306,7 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
     program = plans.outline(graph, batches)
     program.fill()
     base = [graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
-            len(graph.signatures), set(), ACCESS]
+            len(graph.types), set(), ACCESS]
     assert _native.read_outputs(*base)
     for position, value, error in [(0, [None] * len(graph.nodes), TypeError),
                                    (1, [-5] * len(graph.nodes), ValueError),

@@ -210,12 +210,12 @@ def test_which_types_join():
              list(range(n))) for n in (2, 3, 3, 5)]
     graph = recorded_graph(scores, weights, data)
     varying.merge_types(graph)
-    joined = sorted((graph.signatures[t][0].name, kind) for t, kind in graph.varying.items())
+    joined = sorted((graph.types[t][0].name, kind) for t, kind in graph.varying.items())
     assert joined == [("linalg.matmul", varying.PADDED), ("linalg.matmul", varying.PADDED),
                       ("math.tanh", varying.ROWS), ("nn.softmax", varying.PADDED_SOFTMAX),
                       ("operator.add", varying.ROWS)]
     reduction_types = {t for t in graph.type_of
-                       if t >= 0 and graph.signatures[t][0].name == "math.reduce_sum"}
+                       if t >= 0 and graph.types[t][0].name == "math.reduce_sum"}
     assert len(reduction_types) == 3   # lengths 2, 3 (twice) and 5
     tf.reset_stats()
     assert_equals_eager(scores, weights, data)

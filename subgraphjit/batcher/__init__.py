@@ -1,4 +1,4 @@
-"""The batching layer: run signature-equal work across a minibatch as one op.
+"""The batching layer: run a minibatch's work of one batching type as one op.
 
 ``execute(nodes)`` takes the unevaluated nodes of one evaluation (in
 recording order), builds their BatchGraph (types, shared operands,

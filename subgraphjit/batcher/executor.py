@@ -158,7 +158,7 @@ class Executor:
             statistics["unbatched"][f"{first.entry.name}: no batch rule"] += len(indices)
             self._run_each(indices)
             return
-        operand_specs = graph.signatures[node_type].operands
+        operand_specs = graph.types[node_type].operands
         values, ranks = [], []
         # A compiled pattern takes every argument as (table, rows) and
         # gathers it itself (patterns/codegen.py); other ops take the stacked operand.

@@ -1,13 +1,13 @@
 """The batching view of a recorded DAG: node types, operands, duplicates.
 
 Two nodes may run in one batched op when they have the same *batching
-signature*: the op entry, its attributes (with their types), and for each
+type*: the op entry, its attributes (with their types), and for each
 operand either its spec (a per-instance operand, stacked along a new leading
 axis) or its identity (a shared operand: the same tf.Variable or tensor, or
-the same Python number, given to every instance once).  Signatures are
-interned to small integers, the node *types* the schedulers work with.
+the same Python number, given to every instance once).  Each batching type
+is interned to a small integer, the node *type* the schedulers work with.
 
-Identical work is done once: a node with the same signature as an earlier
+Identical work is done once: a node with the same batching type as an earlier
 node and the very same operands (the same constant, the same function of
 the same nodes) becomes a *duplicate* and reuses its value.  Lookups of
 rows of a variable are the exception: eager TensorFlow gives the variable's
@@ -29,9 +29,9 @@ from ..ir.spec import (NUMBER, NUMPY_SCALAR, TENSOR, VARIABLE, classify_operand,
 from ..ir.table import ACCESS, PATTERN_KINDS, OpEntry
 
 
-class BatchingSignature(typing.NamedTuple):
+class BatchingType(typing.NamedTuple):
     """What every node of one type has in common (module docstring): nodes
-    with equal batching signatures may run as one batched op."""
+    of equal batching types may run as one batched op."""
 
     entry: OpEntry       # the op entry
     attrs: tuple         # the op's other arguments, hashable
@@ -49,7 +49,7 @@ class BatchGraph:
     ``NodeOperand`` or the foreign value itself (``operands`` is a C table,
     ``_native.OperandTable``: the passes after this one read its arrays, and
     Python is given each node's list when it asks); ``type_of[i]`` is the node's
-    type (an index into ``signatures``) or -1 for nodes that are not
+    type (an index into ``types``) or -1 for nodes that are not
     scheduled (duplicates and access nodes); ``duplicate_of[i]`` is the index
     whose value node i reuses, or i; ``duplicates`` counts the i for which
     that is not i.
@@ -60,7 +60,7 @@ class BatchGraph:
         self._type_names = None
         # The loop over the nodes is in C (describe_graph in
         # native/analysis.c): for each node, in order (operands come before
-        # their consumers), its operands, batching signature and identity,
+        # their consumers), its operands, batching type and identity,
         # as described in the module docstring.  Rare cases call back here:
         # an operand's kind (by type), an op entry's index positions and
         # whether its lookups keep their own rows, foreign operands' specs
@@ -70,14 +70,15 @@ class BatchGraph:
         # indices), for the schedulers' dependency bookkeeping (a view of
         # the operand table: a tuple per node when Python asks).
         (self.type_of, self.duplicate_of, self.operands, self.sources,
-         self.signatures, self.shared_operand,
+         self.types, self.shared_operand,
          self.duplicates) = _native.describe_graph(
             self.nodes, ACCESS, _entry_info, _kind_of, spec_of_foreign, _value_key,
             _take_output)
-        # describe_graph gives each signature as one flat tuple (entry, attrs,
-        # attr types, then a part per operand); named here, once per type.
-        self.signatures = [BatchingSignature(flat[0], flat[1], flat[2], flat[3:])
-                           for flat in self.signatures]
+        # describe_graph gives each batching type as one flat tuple (entry,
+        # attrs, attr types, then a part per operand); named here, once per
+        # type.
+        self.types = [BatchingType(flat[0], flat[1], flat[2], flat[3:])
+                      for flat in self.types]
 
         # Types joined over varying lengths (varying.merge_types) -> kind.
         self.varying = {}
@@ -88,7 +89,7 @@ class BatchGraph:
     @property
     def type_names(self):
         """A name per type that is the same in every minibatch and every run
-        (signatures hold object ids): what a learned schedule is keyed by.
+        (batching types hold object ids): what a learned schedule is keyed by.
         Shared variables are named by TensorFlow's per-process unique id
         ("Variable_7"), which a program that creates its variables in the
         same order gets again in every run."""
@@ -98,7 +99,7 @@ class BatchGraph:
                 if node_type >= 0:
                     first_of_type.setdefault(node_type, index)
             self._type_names = [self.type_name(first_of_type[node_type])
-                                for node_type in range(len(self.signatures))]
+                                for node_type in range(len(self.types))]
         return self._type_names
 
     def type_name(self, index):

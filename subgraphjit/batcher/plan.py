@@ -163,7 +163,7 @@ def outline(graph, batches, required=(), max_kinds=None):
     for node_type in types:
         example = first_of_type[node_type]
         specs.update(_output_specs(graph.nodes[example]))
-        operand_specs = graph.signatures[node_type].operands
+        operand_specs = graph.types[node_type].operands
         for position, is_shared in enumerate(graph.shared_operand[node_type]):
             if not is_shared:
                 specs.add(_buffer_spec(operand_specs[position]))
@@ -173,7 +173,7 @@ def outline(graph, batches, required=(), max_kinds=None):
     for node_type in types:
         example = first_of_type[node_type]
         node = graph.nodes[example]
-        operand_specs = graph.signatures[node_type].operands
+        operand_specs = graph.types[node_type].operands
         kind = Kind()
         kind.entry, kind.attrs, kind.spec = node.entry, node.attrs, node.spec
         kind.operands = [
@@ -201,7 +201,7 @@ def _read_outputs(graph, required):
     every node and operand.)"""
     required = {node.id for node in required if type(node) is VirtualNode}
     return _native.read_outputs(graph.nodes, graph.type_of, graph.duplicate_of,
-                                graph.operands, len(graph.signatures), required,
+                                graph.operands, len(graph.types), required,
                                 ACCESS)
 
 
@@ -214,12 +214,12 @@ def _fill(graph, program, kind_of_type, batches):
                     in enumerate(kind.operands) if operand_kind == ROWS),
               tuple(kind.outputs), kind.entry.multi_output)
              for kind in program.kinds]
-    type_kinds = [-1] * len(graph.signatures)
+    type_kinds = [-1] * len(graph.types)
     for node_type, kind_number in kind_of_type.items():
         type_kinds[node_type] = kind_number
     (steps, rows, program.input_values, program.input_nodes, where, outputs, slots,
      width) = _native.fill(batches, graph.nodes, graph.type_of, graph.duplicate_of,
-                           graph.operands, len(graph.signatures), type_kinds, kinds,
+                           graph.operands, len(graph.types), type_kinds, kinds,
                            program.computed, ACCESS)
     program.steps = np.frombuffer(steps, np.int32).reshape(-1, width)
     program.rows = np.frombuffer(rows, np.int32)

@@ -771,14 +771,14 @@ def _each_instance(kind, values, flags, count):
     """The op run once per instance, in a loop over the step's rows."""
     op_entry, attrs = kind.entry, kind.attrs
     specs = kind.spec if op_entry.multi_output else [kind.spec]
-    signature = [tf.TensorSpec(spec.shape, spec.dtype) for spec in specs]
+    output_signature = [tf.TensorSpec(spec.shape, spec.dtype) for spec in specs]
 
     def one(instance):
         result = op_entry.call([value if is_shared else value[instance]
                                 for value, is_shared in zip(values, flags)], attrs)
         return list(result) if op_entry.multi_output else [result]
 
-    results = tf.map_fn(one, tf.range(count), fn_output_signature=signature)
+    results = tf.map_fn(one, tf.range(count), fn_output_signature=output_signature)
     return results if op_entry.multi_output else results[0]
 
 

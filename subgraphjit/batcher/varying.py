@@ -1,7 +1,7 @@
 """Batching over varying shapes: instances that differ in their lengths.
 
 A sentence of n tokens gives ``[n, d] @ W``, ``tanh`` of ``[n, d]``, a
-``reduce_mean`` over its n rows.  Their batching signatures (graph.py) hold
+``reduce_mean`` over its n rows.  Their batching types (graph.py) hold
 every operand's full shape, so sentences of different lengths never share a
 launch.  For the ops below the instances' rows are independent, so their
 operands concatenated along axis 0 (``[n_1 + n_2 + ..., d]``) give, through
@@ -9,10 +9,10 @@ the very same op, every instance's rows one after another: the same per-row
 arithmetic as eager, and the same gradients (TensorFlow differentiates the
 concatenation and the slices).  No padding is computed.
 
-``merge_types(graph)`` joins the types of such ops whose signatures differ
-only in the first axis of their per-instance operands (the n3ldg++ idea of
-signatures that leave a size out, ../shared/seeds/n3ldg-jit-batching.txt),
-after ``describe_graph`` typed the nodes by full shapes; a type no other type
+``merge_types(graph)`` joins the types of such ops that differ only in the
+first axis of their per-instance operands (the n3ldg++ idea of a batching
+key that leaves a size out, ../shared/seeds/n3ldg-jit-batching.txt), after
+``describe_graph`` typed the nodes by full shapes; a type no other type
 joins is left as it is, so a model whose shapes never vary batches as before.
 ``run(executor, indices, kind)`` runs one batch of a joined type.  How each
 op batches, its *kind*:
@@ -72,15 +72,16 @@ def merge_types(graph):
     per-instance operands and whose op batches over it (module docstring).
     Sets ``graph.varying``: joined type -> kind (empty if nothing joined)."""
     graph.varying = {}
-    signatures = graph.signatures
-    if any(signature.entry.node_kind in PATTERN_KINDS for signature in signatures):
+    batching_types = graph.types
+    if any(batching_type.entry.node_kind in PATTERN_KINDS
+           for batching_type in batching_types):
         # Patterns (granularity "subgraph") run per input shape; joining
         # the ops around them made the minibatch slower, not faster
         # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
         return
     groups = {}
-    for node_type, signature in enumerate(signatures):
-        key = _length_free_key(signature)
+    for node_type, batching_type in enumerate(batching_types):
+        key = _length_free_key(batching_type)
         if key is not None:
             groups.setdefault(key, []).append(node_type)
     groups = [types for types in groups.values() if len(types) > 1]
@@ -101,7 +102,7 @@ def merge_types(graph):
         for node_type in types:
             example = example_of(node_type)
             kind = _kind(graph.nodes[example], graph.operands[example],
-                         graph.shared_operand[node_type], signatures[node_type])
+                         graph.shared_operand[node_type], batching_types[node_type])
             if kind is not None:
                 joined.append((node_type, kind))
         if len(joined) < 2:
@@ -112,9 +113,9 @@ def merge_types(graph):
     # Then the types that differ in later axes too (a score matrix [n, n]):
     # padded to the largest instance.
     groups = {}
-    for node_type, signature in enumerate(signatures):
+    for node_type, batching_type in enumerate(batching_types):
         if node_type not in merged_into:
-            key = _shape_free_key(signature)
+            key = _shape_free_key(batching_type)
             if key is not None:
                 groups.setdefault(key, []).append(node_type)
     for types in groups.values():
@@ -124,7 +125,7 @@ def merge_types(graph):
                     for node_type in types}
         padded = {node_type: _padded_kind(examples[node_type],
                                           graph.shared_operand[node_type],
-                                          signatures[node_type])
+                                          batching_types[node_type])
                   for node_type in types}
         joined = [node_type for node_type in types if padded[node_type] is not None]
         if len({examples[node_type].spec.shape[0] for node_type in joined}) < 2:
@@ -138,42 +139,42 @@ def merge_types(graph):
         return
     # Renumber the types densely (schedulers count per type).
     number_of = {}
-    kept_signatures, kept_shared = [], []
-    for node_type, signature in enumerate(signatures):
+    kept_types, kept_shared = [], []
+    for node_type, batching_type in enumerate(batching_types):
         if merged_into.get(node_type, node_type) == node_type:
-            number_of[node_type] = len(kept_signatures)
-            kept_signatures.append(signature)
+            number_of[node_type] = len(kept_types)
+            kept_types.append(batching_type)
             kept_shared.append(graph.shared_operand[node_type])
-    renumber = [number_of[merged_into.get(t, t)] for t in range(len(signatures))]
+    renumber = [number_of[merged_into.get(t, t)] for t in range(len(batching_types))]
     renumber.append(-1)   # type_of's -1 (not scheduled) indexes this
     graph.type_of = [renumber[t] for t in graph.type_of]
-    graph.signatures, graph.shared_operand = kept_signatures, kept_shared
+    graph.types, graph.shared_operand = kept_types, kept_shared
     graph.varying = {number_of[t]: kind for t, kind in kinds.items()}
     graph._type_names = None
 
 
-def _length_free_key(signature):
-    """The signature with each per-instance operand's first axis left out,
-    or None when no operand has one to leave out.  (A signature's operands
-    are a Spec per per-instance operand, a tuple for a shared one; see
-    graph.BatchingSignature.)"""
-    return _key(signature, lambda shape: shape[1:])
+def _length_free_key(batching_type):
+    """The batching type with each per-instance operand's first axis left
+    out, or None when no operand has one to leave out.  (A batching type's
+    operands are a Spec per per-instance operand, a tuple for a shared one;
+    see graph.BatchingType.)"""
+    return _key(batching_type, lambda shape: shape[1:])
 
 
-def _shape_free_key(signature):
-    """The signature with per-instance operands described by dtype and rank
-    only (types padded together), or None."""
-    return _key(signature, len)
+def _shape_free_key(batching_type):
+    """The batching type with per-instance operands described by dtype and
+    rank only (types padded together), or None."""
+    return _key(batching_type, len)
 
 
-def _key(signature, describe):
-    entry = signature.entry
+def _key(batching_type, describe):
+    entry = batching_type.entry
     if entry.multi_output or entry.family not in (
             "elementwise", "broadcasting", "matmul", "reduction", "gather", "loss"):
         return None
     parts = []
     varies = False
-    for part in signature.operands:
+    for part in batching_type.operands:
         if type(part) is tuple:   # shared: by identity or value, as it is
             parts.append(part)
         elif not part.shape:
@@ -183,10 +184,10 @@ def _key(signature, describe):
             parts.append((part.dtype, part.python_type, describe(part.shape)))
     if not varies:
         return None
-    return (entry, signature.attrs, signature.attr_types, tuple(parts))
+    return (entry, batching_type.attrs, batching_type.attr_types, tuple(parts))
 
 
-def _padded_kind(node, shared, signature):
+def _padded_kind(node, shared, batching_type):
     """PADDED for ops whose instances may be zero-padded to the largest
     (each output element reads the same input elements, padding adds only
     zeros: a product of two instance matrices, elementwise ops, ops with
@@ -196,7 +197,8 @@ def _padded_kind(node, shared, signature):
     entry, output = node.entry, node.spec
     if isinstance(output, tuple) or output.dtype is None or len(output.shape) < 2:
         return None   # (vectors: see _kind)
-    specs = [part for part, is_shared in zip(signature.operands, shared) if not is_shared]
+    specs = [part for part, is_shared in zip(batching_type.operands, shared)
+             if not is_shared]
     if any(spec.python_type is not None or spec.dtype is None for spec in specs):
         return None
     options = dict(zip(entry.attr_params, node.attrs))
@@ -211,7 +213,7 @@ def _padded_kind(node, shared, signature):
     if entry.family == "broadcasting" and entry.name != "nn.bias_add":
         if any(spec.shape != output.shape for spec in specs) or any(
                 part[0] == "shared"
-                for part, is_shared in zip(signature.operands, shared) if is_shared):
+                for part, is_shared in zip(batching_type.operands, shared) if is_shared):
             return None   # only Python numbers shared: (float, 0.5) parts
         return PADDED
     if entry.name in ("nn.softmax", "nn.log_softmax") and output.dtype.is_floating:
@@ -222,7 +224,7 @@ def _padded_kind(node, shared, signature):
     return None
 
 
-def _kind(node, operands, shared, signature):
+def _kind(node, operands, shared, batching_type):
     """How nodes of this type batch over their first axis (ROWS, SEGMENTS,
     SOFTMAX), or None if they cannot.  A type's specs and shared operands
     are its nodes', so one node decides for all."""
@@ -230,7 +232,7 @@ def _kind(node, operands, shared, signature):
     if isinstance(output, tuple) or output.dtype is None:
         return None
     specs = [None if is_shared else part
-             for part, is_shared in zip(signature.operands, shared)]
+             for part, is_shared in zip(batching_type.operands, shared)]
     rows = [spec.shape[0] for spec in specs if spec is not None]
     if min(rows) < 1:
         return None   # an empty instance: segment ops differ from reductions there
@@ -329,7 +331,7 @@ def run(executor, indices, kind):
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
-    specs = graph.signatures[node_type].operands
+    specs = graph.types[node_type].operands
     varying_position = shared.index(False)
     # (The first axis of each instance's operand: its length.)
     lengths = [_shape_of(graph.operands[i][varying_position])[0] for i in indices]
@@ -388,7 +390,7 @@ def run_padded(executor, indices, kind):
     first = graph.nodes[indices[0]]
     node_type = graph.type_of[indices[0]]
     shared = graph.shared_operand[node_type]
-    specs = graph.signatures[node_type].operands
+    specs = graph.types[node_type].operands
     count = len(indices)
     values = []
     for position, shared_value, operands in _by_position(graph, indices):

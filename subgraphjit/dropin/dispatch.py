@@ -39,10 +39,10 @@ from ..ir.record import build_entry_functions, record, user_site
 from ..ir.spec import NUMBER, TENSOR_LIKE, NotLazy, classify_operand, spec
 from ..ir.table import ENTRIES_BY_NAME, OPERATOR_ENTRIES, TF_ENTRIES, OpEntry, thaw
 
-# Signatures name the types the recorder takes for every other argument,
-# so a call that also holds a RaggedTensor or SparseTensor matches only
-# TensorFlow's own target for those (two matching targets are an error):
-# it evaluates the node, as before.
+# Dispatch signatures name the types the recorder takes for every other
+# argument, so a call that also holds a RaggedTensor or SparseTensor matches
+# only TensorFlow's own target for those (two matching targets are an
+# error): it evaluates the node, as before.
 _ITEM = typing.Union[VirtualNode, tf.Tensor, tf.Variable, int, float, bool,
                      list, np.ndarray, np.generic]
 _OPERAND = typing.Union[_ITEM, tuple]
@@ -66,15 +66,15 @@ def install(special_wrappers):
     handled = set()
     entries_by_path = {}
     for entry in TF_ENTRIES:
-        _register(entry.fn, _entry_signatures(entry), entry.dispatch_target)
+        _register(entry.fn, _entry_dispatch_signatures(entry), entry.dispatch_target)
         handled.add(entry.fn)
         for path in _api_names(entry.fn) or (entry.name,):
             entries_by_path[path] = entry
     for function, target in _operator_targets().items():
-        _register(function, _node_signatures(function), target)
+        _register(function, _node_dispatch_signatures(function), target)
         handled.add(function)
     for original, wrapper in special_wrappers.items():
-        _register(original, _node_signatures(original, first_only=True),
+        _register(original, _node_dispatch_signatures(original, first_only=True),
                   _special_target(wrapper))
         handled.add(original)
     paths = _public_paths()
@@ -87,13 +87,13 @@ def install(special_wrappers):
                       if name in entries_by_path), None)
         if entry is not None:
             try:
-                _register(api, _entry_signatures(entry), entry.dispatch_target)
+                _register(api, _entry_dispatch_signatures(entry), entry.dispatch_target)
                 continue
-            except ValueError:   # another signature after all
+            except ValueError:   # another Python signature after all
                 pass
         generic = GenericApi.for_api(api, paths.get(id(api)))
         if generic is not None:
-            _register(api, _node_signatures(api), generic)
+            _register(api, _node_dispatch_signatures(api), generic)
 
 
 def _api_names(api):
@@ -123,23 +123,23 @@ def _public_paths():
     return paths
 
 
-def _register(api, signatures, target):
-    if signatures:
-        tf.experimental.dispatch_for_api(api, *signatures)(target)
+def _register(api, dispatch_signatures, target):
+    if dispatch_signatures:
+        tf.experimental.dispatch_for_api(api, *dispatch_signatures)(target)
 
 
-def _entry_signatures(entry):
-    """One signature per tensor parameter: a node there, and the others
-    operands the recorder takes."""
+def _entry_dispatch_signatures(entry):
+    """One dispatch signature per tensor parameter: a node there, and the
+    others operands the recorder takes."""
     if entry.list_input:
         return [{entry.tensor_params[0]: _NODE_LIST}]
     return [{name: VirtualNode if name == node else _OPERAND
              for name in entry.tensor_params} for node in entry.tensor_params]
 
 
-def _node_signatures(api, first_only=False):
-    """One signature per parameter but ``name``: a node (or a list holding
-    one) there, and plain values in the others."""
+def _node_dispatch_signatures(api, first_only=False):
+    """One dispatch signature per parameter but ``name``: a node (or a list
+    holding one) there, and plain values in the others."""
     names = [parameter.name for parameter in _parameters(api)
              if parameter.name != "name"]
     nodes = names[:1] if first_only else names

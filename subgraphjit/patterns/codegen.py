@@ -109,13 +109,13 @@ class _Compiled:
                 # ``flat``: each argument's table, then the rows to take from it.
                 return self.traced(list(zip(flat[::2], flat[1::2])))
 
-            signature = []
+            input_signature = []
             for dtype, shape in key:
-                signature += [tf.TensorSpec((None,) + shape, dtype),
-                              tf.TensorSpec((None,), tf.int32)]
+                input_signature += [tf.TensorSpec((None,) + shape, dtype),
+                                    tf.TensorSpec((None,), tf.int32)]
             return tf.function(
                 self._counting(run_batched), autograph=False,
-                input_signature=signature).get_concrete_function()
+                input_signature=input_signature).get_concrete_function()
         except NoRule as reason:  # also when raised while tracing
             return reason
 

@@ -15,4 +15,4 @@ class AgendaScheduler:
 
     def schedule(self, graph):
         return _native.agenda_schedule(graph.type_of, graph.sources,
-                                       len(graph.signatures))
+                                       len(graph.types))

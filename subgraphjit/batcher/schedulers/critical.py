@@ -18,4 +18,4 @@ class CriticalScheduler:
 
     def schedule(self, graph):
         return _native.critical_schedule(graph.type_of, graph.sources,
-                                         len(graph.signatures))
+                                         len(graph.types))

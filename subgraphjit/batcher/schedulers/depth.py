@@ -9,4 +9,4 @@ class DepthScheduler:
 
     def schedule(self, graph):
         return _native.depth_schedule(graph.type_of, graph.sources,
-                                      len(graph.signatures))
+                                      len(graph.types))

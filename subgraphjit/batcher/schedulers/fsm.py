@@ -132,7 +132,7 @@ class Simulation:
                 self.consumers[source].append(index)
         self.sources = graph.sources
         self.depth = depths(graph)
-        self.type_count = len(graph.signatures)
+        self.type_count = len(graph.types)
         # Nearest same-type ancestors of each node: the nodes of its type
         # reached walking back from it without passing another of its type.
         # (A walk per node; it stops at the first node of the type, so it
@@ -476,7 +476,7 @@ class FsmScheduler:
         names = sorted(set(graph.type_names))
         rank = {name: number for number, name in enumerate(names)}
         batches, decisions, coarse, fallbacks = _native.fsm_schedule(
-            graph.type_of, graph.sources, len(graph.signatures), names,
+            graph.type_of, graph.sources, len(graph.types), names,
             [rank[name] for name in graph.type_names], self.policy.config.encoding,
             self.policy.table, self.policy.coarse)
         self.decisions += decisions

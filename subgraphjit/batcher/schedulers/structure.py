@@ -15,7 +15,7 @@ def lower_bound(graph):
     each type, the most nodes of that type on one path of the graph, summed
     over types (nodes of one type on one path need separate batches)."""
     total = 0
-    for node_type in range(len(graph.signatures)):
+    for node_type in range(len(graph.types)):
         chain = [0] * len(graph)
         longest = 0
         for index, sources in enumerate(graph.sources):
