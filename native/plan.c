@@ -413,7 +413,7 @@ PyDoc_STRVAR(fill_doc,
 "     kind_of_type, kinds, computed, access_entry)\n--\n\n"
 "The program's arrays (see plan.py): returns (steps, rows, input_values,\n"
 "input_nodes, where, outputs, slots).  ``steps`` and ``rows`` are int32\n"
-"bytes (steps: one row of 3 + most outputs per step); per node, ``where``\n"
+"bytes (steps: 3 + most outputs ints per step); per node, ``where``\n"
 "is its first slot (-1: none) and ``outputs`` its number of outputs (-1:\n"
 "a single-output node); ``slots`` holds (buffer, row) pairs, buffer -1\n"
 "for an output not kept.  ``kinds``: per kind, (((position, buffer), ...)\n"

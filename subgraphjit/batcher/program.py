@@ -434,7 +434,7 @@ class _Compiled:
 
     def _indices(self, kind_number, info, rows):
         """A step's operand rows (by position) and output rows, from its
-        entry of the step table (``info``): a few ops, not a few per
+        part of the step table (``info``): a few ops, not a few per
         operand (every op in the loop costs microseconds per step)."""
         count, start = info[1], info[2]
         kind = self.kinds[kind_number]
