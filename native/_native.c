@@ -556,14 +556,62 @@ forget_entry(PyObject *op_entry)
 }
 
 /* ``context.pending``, which the context gives here whenever it changes
- * (set_pending): the innermost scope's list of recorded nodes, or None. */
-static PyObject *pending_nodes;
+ * (set_pending): the innermost scope's list of recorded nodes, or None.
+ * Once it holds ``pending_limit`` nodes (0: never), a later record first
+ * calls ``pending_full`` (evaluate.py's pipelined evaluation), which
+ * evaluates them, or says not now by giving a limit of 0. */
+static PyObject *pending_nodes, *pending_full;
+static Py_ssize_t pending_limit;
 
 static PyObject *
-set_pending(PyObject *module, PyObject *nodes)
+set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_XSETREF(pending_nodes, Py_NewRef(nodes));
+    Py_ssize_t limit = 0;
+    if (nargs < 1 || nargs > 3 || (nargs == 3 && !PyCallable_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_pending(nodes[, limit[, callback]]) takes a list or "
+                        "None, an int and a callable");
+        return NULL;
+    }
+    if (nargs >= 2) {
+        limit = PyLong_AsSsize_t(args[1]);
+        if (limit == -1 && PyErr_Occurred())
+            return NULL;
+        if (limit < 0) {
+            PyErr_SetString(PyExc_ValueError, "set_pending: the limit is negative");
+            return NULL;
+        }
+    }
+    if (nargs == 3)
+        Py_XSETREF(pending_full, Py_NewRef(args[2]));
+    if (limit > 0 && pending_full == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "set_pending: a limit needs a callback, given once");
+        return NULL;
+    }
+    Py_XSETREF(pending_nodes, Py_NewRef(args[0]));
+    pending_limit = limit;
     Py_RETURN_NONE;
+}
+
+/* The pending list has reached its limit, and the op about to be recorded
+ * reads no recorded node (a leaf's lookup, say): call back.  Waiting for
+ * such an op keeps the cells of a tree or sequence whole, so the parts
+ * evaluated early hold the kinds of a whole scope, not a cell cut in two
+ * (whose ops would run as kinds of their own, under a program key of
+ * their own). */
+static int
+pending_full_check(PyObject *inputs)
+{
+    if (pending_limit == 0 || pending_nodes == NULL || !PyList_CheckExact(pending_nodes)
+            || PyList_GET_SIZE(pending_nodes) < pending_limit)
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
+        if (Py_IS_TYPE(PyTuple_GET_ITEM(inputs, i), node_type))
+            return 0;
+    PyObject *done = PyObject_CallNoArgs(pending_full);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
 }
 
 static int
@@ -969,6 +1017,9 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "entry, two tuples and a (code, line) tuple or None");
         return NULL;
     }
+    /* (Before anything is made: every node recorded so far is whole.) */
+    if (pending_full_check(args[1]) < 0)
+        return NULL;
     PyObject *op_entry = args[0], *inputs = args[1];
     PyObject *attrs = Py_NewRef(args[2]);
     PyObject *key = NULL, *spec = NULL, *site = NULL;
@@ -1120,9 +1171,12 @@ static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
     {"setup", (PyCFunction)(void (*)(void))setup,
      METH_VARARGS | METH_KEYWORDS, setup_doc},
-    {"set_pending", set_pending, METH_O,
-     "set_pending(nodes)\n--\n\nWhere record() appends each node it records: "
-     "the context's ``pending`` (a list, None, or anything with append)."},
+    {"set_pending", (PyCFunction)(void (*)(void))set_pending, METH_FASTCALL,
+     "set_pending(nodes, limit=0, callback=None)\n--\n\nWhere record() appends "
+     "each node it records: the context's ``pending`` (a list, None, or "
+     "anything with append).  Once the list holds ``limit`` nodes (0: never), "
+     "the next record() of an op that reads no recorded node first calls "
+     "``callback`` (given once, kept)."},
     {"next_node_id", next_node_id, METH_NOARGS,
      "The id the next recorded node will get (takes none)."},
     {"slab_statistics", slab_statistics, METH_NOARGS,

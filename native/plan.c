@@ -700,22 +700,101 @@ int32_view(PyObject *bytes, Py_ssize_t count, const char *what)
     return (const int *)PyBytes_AS_STRING(bytes);
 }
 
+/* An evaluated node needs neither its operands nor its call site. */
+static int
+release_node(Node *node)
+{
+    if (node_set_inputs(node, NULL, 0) < 0)
+        return -1;
+    Py_XSETREF(node->site, Py_NewRef(Py_None));
+    return 0;
+}
+
+/* -- operands held while a queued program runs --------------------------- */
+
+/* The operands and call sites of the nodes a queued program evaluates
+ * (write_back with ``keep``), kept aside: the nodes look evaluated (no
+ * operands, which the passes read as "evaluated") until the queue is known
+ * to have run; then they are dropped with the capsule, or, if it failed,
+ * given back (``restore``) so the nodes can run anew.  ``items`` holds,
+ * per node: the node, its site, its operand count, its operands (all
+ * owned but the count). */
+#define HELD_NAME "subgraphjit.held"
+
+static void
+held_clear(PtrArray *held)
+{
+    Py_ssize_t i = 0;
+    while (i < held->size) {
+        Py_ssize_t count = (Py_ssize_t)(intptr_t)held->items[i + 2];
+        Py_DECREF((PyObject *)held->items[i]);
+        Py_DECREF((PyObject *)held->items[i + 1]);
+        for (Py_ssize_t k = 0; k < count; k++)
+            Py_DECREF((PyObject *)held->items[i + 3 + k]);
+        i += 3 + count;
+    }
+    held->size = 0;
+}
+
+static void
+held_free(PyObject *capsule)
+{
+    PtrArray *held = PyCapsule_GetPointer(capsule, HELD_NAME);
+    if (held == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    held_clear(held);
+    PyMem_Free(held->items);
+    PyMem_Free(held);
+}
+
+/* Move ``node``'s operands and site into ``held``. */
+static int
+held_take(PtrArray *held, Node *node)
+{
+    Py_ssize_t count = node->input_count;
+    Py_ssize_t start = held->size;
+    if (ptr_push(held, Py_NewRef(node)) < 0)
+        return -1;
+    if (ptr_push(held, Py_NewRef(node->site == NULL ? Py_None : node->site)) < 0
+            || ptr_push(held, (void *)(intptr_t)0) < 0)
+        goto undo;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (ptr_push(held, Py_NewRef(node_input(node, k))) < 0)
+            goto undo;
+        held->items[start + 2] = (void *)(intptr_t)(k + 1);
+    }
+    return release_node(node);
+undo:
+    /* (Everything pushed is owned but the count, at start + 2.) */
+    for (Py_ssize_t j = held->size - 1; j >= start; j--)
+        if (j != start + 2)
+            Py_DECREF((PyObject *)held->items[j]);
+    held->size = start;
+    return -1;
+}
+
 PyDoc_STRVAR(write_back_doc,
 "write_back(nodes, operands, where, outputs, slots, buffers,\n"
 "           access_entry)\n--\n\n"
 "Leave each node's value as its row of the program's ``buffers`` (fill's\n"
 "arrays say where) and drop its operands; a node with an output not kept\n"
 "stays unevaluated and is marked swallowed.  Returns the nodes nothing\n"
-"consumes that were given a row, whose values the caller takes at once.");
+"consumes that were given a row, whose values the caller takes at once.\n"
+"With ``keep`` true (the buffers are still being computed: a pipelined\n"
+"evaluation), returns that list and a capsule holding the operands and\n"
+"call sites dropped, to give back (``restore``) if the computation fails.");
 
 static PyObject *
 write_back(PyObject *module, PyObject *args)
 {
     PyObject *nodes, *operands, *where_bytes, *outputs_bytes, *slots_bytes, *buffers,
              *access_entry;
-    if (!PyArg_ParseTuple(args, "O!O!SSSO!O:write_back", &PyList_Type, &nodes,
+    int keep = 0;
+    if (!PyArg_ParseTuple(args, "O!O!SSSO!O|p:write_back", &PyList_Type, &nodes,
                           operand_table_type, &operands, &where_bytes, &outputs_bytes,
-                          &slots_bytes, &PyList_Type, &buffers, &access_entry))
+                          &slots_bytes, &PyList_Type, &buffers, &access_entry, &keep))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(nodes);
     Py_ssize_t slot_count = PyBytes_GET_SIZE(slots_bytes) / (2 * (Py_ssize_t)sizeof(int));
@@ -752,9 +831,23 @@ write_back(PyObject *module, PyObject *args)
     Graph graph = {.nodes = nodes, .operands = (OperandTable *)operands,
                    .access_entry = access_entry,
                    .count = count};
+    PtrArray *held = NULL;
+    PyObject *capsule = NULL;
+    if (keep) {
+        held = PyMem_Calloc(1, sizeof(PtrArray));
+        if (held == NULL)
+            return PyErr_NoMemory();
+        capsule = PyCapsule_New(held, HELD_NAME, held_free);
+        if (capsule == NULL) {
+            PyMem_Free(held);
+            return NULL;
+        }
+    }
     PyObject *results = PyList_New(0);
-    if (results == NULL)
+    if (results == NULL) {
+        Py_XDECREF(capsule);
         return NULL;
+    }
     for (Py_ssize_t i = 0; i < count; i++) {
         Node *node = graph_node(&graph, i);
         if (i + 8 < count)
@@ -807,9 +900,8 @@ write_back(PyObject *module, PyObject *args)
             node->is_row = 1;
             Py_XSETREF(node->value, pair);
         }
-        if (node_set_inputs(node, NULL, 0) < 0)
+        if ((held == NULL ? release_node(node) : held_take(held, node)) < 0)
             goto fail;
-        Py_XSETREF(node->site, Py_NewRef(Py_None));
         if (node->consumers == 0 && node->is_row
                 && PyList_Append(results, (PyObject *)node) < 0)
             goto fail;
@@ -822,16 +914,47 @@ fail_node:
         Py_XDECREF(row);
         goto fail;
     }
+    if (capsule != NULL)
+        return Py_BuildValue("(NN)", results, capsule);
     return results;
 fail:
     Py_DECREF(results);
+    Py_XDECREF(capsule);
     return NULL;
+}
+
+PyDoc_STRVAR(restore_doc,
+"restore(held)\n--\n\n"
+"Give the nodes ``write_back`` evaluated with ``keep`` their operands and\n"
+"call sites back and make them unevaluated: their queued program failed,\n"
+"and they run anew.  The capsule is empty afterwards.");
+
+static PyObject *
+restore(PyObject *module, PyObject *capsule)
+{
+    PtrArray *held = PyCapsule_GetPointer(capsule, HELD_NAME);
+    if (held == NULL)
+        return NULL;
+    Py_ssize_t i = 0;
+    while (i < held->size) {
+        Node *node = (Node *)held->items[i];
+        Py_ssize_t count = (Py_ssize_t)(intptr_t)held->items[i + 2];
+        if (node_set_inputs(node, (PyObject *const *)&held->items[i + 3], count) < 0)
+            return NULL;
+        Py_XSETREF(node->site, Py_NewRef((PyObject *)held->items[i + 1]));
+        Py_XSETREF(node->value, Py_NewRef(Py_None));
+        node->is_row = 0;
+        i += 3 + count;
+    }
+    held_clear(held);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef plan_methods[] = {
     {"read_outputs", read_outputs, METH_VARARGS, read_outputs_doc},
     {"fill", fill, METH_VARARGS, fill_doc},
     {"write_back", write_back, METH_VARARGS, write_back_doc},
+    {"restore", restore, METH_O, restore_doc},
     {NULL},
 };
 

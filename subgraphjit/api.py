@@ -78,6 +78,9 @@ def batching():
         context.close_scope()
         raise
     evaluate(context.close_scope(), required=())
+    # (A pipelined part may be all there was: its program may still run.)
+    if overlap.holding():
+        overlap.end()
 
 
 # tf.batching.map(fn, items): the instances of a minibatch run concurrently,

@@ -111,6 +111,15 @@ PARAMETERS = {
         "on an asynchronous TensorFlow executor, so that they run while "
         "the next minibatch records (overlap.py); False: every op runs "
         "where it is called"),
+    "pipeline": Parameter(
+        40_000, int, lambda value: _positive_int(value) or value == 0,
+        "in inference (no tape could record), once a scope holds this many "
+        "recorded nodes, evaluate them while the rest of the scope records: "
+        "their compiled program runs on another core (overlap.py), which "
+        "needs 'overlap'; 0: a scope is evaluated only when it closes "
+        "(40,000, the default: about 64 trees of the SST Tree-LSTM, so a "
+        "minibatch of 256 evaluates in four parts, one of 25 whole; see "
+        "BENCHMARKS.md)"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
@@ -169,6 +178,7 @@ class Context:
         # one's list of recorded nodes (None outside every scope), read on the
         # recording hot path.
         self.scopes = []
+        self.pipeline_callback = None
         self.pending = None
         self.collector_was_on = True
         self.patterns = None
@@ -213,8 +223,19 @@ class Context:
     def pending(self, nodes):
         # Also given to the recorder (native/_native.c), which appends each
         # node it records there without looking the attribute up per op.
+        # A scope's first ``pipeline`` nodes may be evaluated while the
+        # rest records (evaluate.py gives ``pipeline_callback``).
         self._pending = nodes
-        _native.set_pending(nodes)
+        callback = self.pipeline_callback
+        if nodes is None or callback is None:
+            _native.set_pending(nodes)
+        else:
+            _native.set_pending(nodes, self.parameters["pipeline"], callback)
+
+    def pause_pipeline(self):
+        """No pipelined evaluation in this scope (until another opens or
+        closes)."""
+        _native.set_pending(self._pending)
 
     def open_scope(self):
         # Everything recorded in a scope stays alive until the scope closes,
@@ -255,6 +276,7 @@ class Context:
         self.first_node_id = next_node_id()
         self.nodes_evaluated = 0
         self.evaluations = 0
+        self.pipelined_evaluations = 0   # of them, while the scope recorded
         # "<what> (<file>:<line>)" -> evaluations a read forced (forced.py)
         self.forced_evaluations = collections.Counter()
         # tf.batching.map (concurrent.py): its batched evaluations, the
@@ -294,6 +316,7 @@ class Context:
             "nodes_recorded": next_node_id() - self.first_node_id,
             "nodes_evaluated": self.nodes_evaluated,
             "evaluations": self.evaluations,
+            "pipelined_evaluations": self.pipelined_evaluations,
             # Commonest first.
             "forced_evaluations": dict(self.forced_evaluations.most_common()),
             "concurrent_rounds": self.concurrent_rounds,

@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from . import _native, batcher, concurrent, overlap
+from .batcher.program import could_record
 from .batcher.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
 from .ir.node import VirtualNode, use_evaluator
@@ -45,7 +46,8 @@ def run_node(node):
     node.site = None
 
 
-def evaluate(targets, required=None, forced_by=None):
+def evaluate(targets, required=None, forced_by=None, pipelined=False,
+             compile_after=None):
     """Evaluate the VirtualNodes in ``targets`` (and what they depend on).
 
     ``required``: the nodes that must have values afterwards (all targets
@@ -53,7 +55,9 @@ def evaluate(targets, required=None, forced_by=None):
     everything recorded in it, and subgraph granularity may leave interior
     nodes of a pattern to be computed only if someone asks for them.
     ``forced_by``: the read that asked for a value before its time, as
-    ``forced.forced_site`` describes it.
+    ``forced.forced_site`` describes it.  ``pipelined``: part of a scope
+    evaluated while the rest records (``evaluate_so_far``).
+    ``compile_after``: as the parameter ``compile`` (None: the parameter).
     """
     targets = targets if type(targets) in (list, tuple) else list(targets)
     if not any(type(target) is VirtualNode and not target.evaluated
@@ -84,16 +88,19 @@ def evaluate(targets, required=None, forced_by=None):
             nodes = unevaluated_ancestors(targets)
         context.session += 1
         before = context.stats() if context.parameters["debug"] else None
-        compile_after = 0 if forced_by is concurrent.ROUND else context.parameters["compile"]
+        if compile_after is None:
+            compile_after = (0 if forced_by is concurrent.ROUND
+                             else context.parameters["compile"])
         if (compile_after and context.parameters["granularity"] != "op"
                 and search.SEARCH.trial_settling):
             compile_after = 1   # (a granularity trial times units as they will run)
         launches = _run(nodes, targets if required is None else required,
-                        compile_after=compile_after)
+                        compile_after=compile_after, pipelined=pipelined)
     finally:
         if collector_was_on:
             gc.enable()
     context.evaluations += 1
+    context.pipelined_evaluations += pipelined
     context.nodes_evaluated += len(nodes)
     context.evaluate_seconds += time.perf_counter() - started
     if before is not None:
@@ -147,7 +154,7 @@ def debug_summary(before, after, nodes, launches, seconds, forced_by=None):
     return "\n".join(lines)
 
 
-def _run(nodes, required, compile_after):
+def _run(nodes, required, compile_after, pipelined=False):
     """Run the nodes, batched unless the scheduler is 'none'; returns the
     number of ops launched.  (A compiled program may leave a node that
     neither a later node nor the caller needs to be computed if asked.)
@@ -164,7 +171,7 @@ def _run(nodes, required, compile_after):
     before = statistics["batches"]
     graph = batcher.execute(nodes, statistics, _scheduler(scheduler),
                           context.parameters["layout"],
-                          compile_after, required)
+                          compile_after, required, pipelined)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += lower_bound(graph)
     return statistics["batches"] - before
@@ -186,11 +193,51 @@ def _save_fsm_policy(policy):
         policy.save(context.parameters["fsm_table"])
 
 
+def evaluate_so_far():
+    """The innermost scope holds ``pipeline`` recorded nodes, and the next
+    op reads none (``_native.record`` calls this first; so no cell is cut
+    in two).  In inference, evaluate them now: their compiled program is
+    queued on the asynchronous executor (overlap.py) and runs on another
+    core while the user's code records the rest of the scope, whose close
+    waits for it.  Only nodes someone still references are evaluated, as
+    when a scope closes: that is every node a later op or the user can
+    read.  Otherwise (a tape could record: a node read by nothing later
+    would add its rows to a gradient; a granularity trial timing units;
+    nothing queues), not in this scope."""
+    if not (context.parameters["overlap"] and context.parameters["compile"]
+            and context.parameters["scheduler"] != "none"
+            and not concurrent.running and not could_record()
+            and (context.parameters["granularity"] != "auto"
+                 or "inference" in context.granularity_chosen)):
+        context.pause_pipeline()
+        return
+    pending = context.pending
+    recorded = _native.scope_leftovers(pending)
+    del pending[:]
+    evaluate(recorded, required=(), pipelined=True)
+    if not overlap.holding():
+        # It ran where it was called (its program not compiled, or over
+        # varying shapes): the rest of the scope runs as one, batched.
+        context.pause_pipeline()
+
+
+def _rerun(nodes):
+    """Pipelined nodes whose queued program failed, run again step by step
+    where they are called, so that the error names the user's line.  Each
+    one that had a value is asked for: later nodes read them now, so a
+    search from the targets that nothing consumes would reach few."""
+    evaluate(nodes, required=[node for node in nodes if not node.swallowed],
+             compile_after=0)
+
+
 # Reading a node's value before its evaluation, and a tf.batching.map
 # round, evaluate here (node.py and concurrent.py cannot import this
-# module, which imports them).
+# module, which imports them); so do a scope's pipelined parts, and their
+# run anew after a failure (context.py, overlap.py).
 use_evaluator(evaluate)
 concurrent.use_evaluator(evaluate)
+context.pipeline_callback = evaluate_so_far
+overlap.rerun = _rerun
 
 
 def build(structure):

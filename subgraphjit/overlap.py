@@ -19,6 +19,13 @@ records most ops, and checks them when recording) is raised where the
 queue is next waited for, with a note that says so.
 ``set_parameter("overlap", False)`` runs everything in place.
 
+A pipelined evaluation (evaluate.py: inference, part of a scope evaluated
+while the rest records) queues its compiled program here too.  The
+operands its nodes drop are held aside (``hold``) until ``end()`` has seen
+the queue finish; if it failed, the nodes get them back, unevaluated, and
+run anew, step by step, so that the error names the user's line as it
+would have unqueued.
+
 Calls must not ask for a queued tensor's shape, which waits for it: a
 ``tf.function`` checks its arguments' shapes, so the backward and the
 update are called flat (``call``), with the shapes the program's traced
@@ -31,6 +38,7 @@ import threading
 
 import tensorflow as tf
 
+from . import _native
 from .context import context
 
 _thread = threading.local()
@@ -70,25 +78,57 @@ def begin():
 
 def end():
     """Wait for the queued ops and return to synchronous execution.  An
-    error of a queued op is raised here, with a note."""
+    error of a queued op is raised here: the error of a held node's run
+    anew (``rerun``), else the queue's own, with a note."""
     synchronous = getattr(_thread, "synchronous", None)
     if synchronous is None:
         return
     _thread.synchronous, _thread.promised = None, {}
+    held, _thread.held = getattr(_thread, "held", []), []
     eager_context, _ = _eager()
     try:
         _thread.queue.wait()
     except Exception as error:
         _thread.queue.clear_error()
-        error.add_note(
-            "subgraphjit: this error is from an operation run asynchronously "
-            "since the last tape.gradient (the backward and the optimizer "
-            "update overlap the next minibatch's recording); "
-            "set_parameter('overlap', False) runs every "
-            "operation where it is called.")
-        raise
+        failed = error
+    else:
+        failed = None
     finally:
         eager_context.context().executor = synchronous
+    if failed is None:
+        return   # (the held operands are dropped with ``held``)
+    if held:
+        for _, operands in held:
+            _native.restore(operands)
+        rerun([node for nodes, _ in held for node in nodes])   # (raises, as a rule)
+    failed.add_note(
+        "subgraphjit: this error is from an operation run asynchronously "
+        "(since the last tape.gradient, the backward and the optimizer "
+        "update overlap the next minibatch's recording; in inference, a "
+        "scope's first part runs while the rest records); "
+        "set_parameter('overlap', False) runs every operation where it is "
+        "called.")
+    raise failed
+
+
+def hold(nodes, operands):
+    """Keep the ``operands`` ``nodes`` dropped (``_native.write_back`` with
+    ``keep``: they were given rows of buffers still queued) until
+    ``end()``."""
+    if not active():
+        raise RuntimeError("overlap.hold: nothing is queued")
+    _thread.held = getattr(_thread, "held", [])
+    _thread.held.append((nodes, operands))
+
+
+def holding():
+    """Whether nodes with rows of queued buffers wait for ``end()``."""
+    return bool(getattr(_thread, "held", None))
+
+
+# What ``end()`` runs when the queue failed while holding nodes: their
+# evaluation anew, synchronously and step by step (evaluate.py installs it).
+rerun = None
 
 
 def promise(tensor, shape):

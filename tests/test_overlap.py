@@ -75,3 +75,94 @@ def test_an_error_in_the_asynchronous_stretch_is_raised_at_the_next_evaluation(c
     float(step(tf, model, optimizer, model.random_examples(rng, 3)))
     assert any(not np.array_equal(variable.numpy(), old)
                for variable, old in zip(model.variables, before))
+
+
+# -- pipelined inference: a scope's first parts run while the rest records --
+
+@pytest.fixture
+def pipelined(compiled):
+    """Every program compiled at first sight; a part every ~60 nodes (the
+    test models' trees hold 10-150)."""
+    previous = tf.get_parameter("pipeline")
+    tf.set_parameter("pipeline", 60)
+    yield
+    overlap.end()
+    tf.set_parameter("pipeline", previous)
+
+
+def lazy_losses(model, examples):
+    with tf.batching():
+        losses = [model.loss(tf, example) for example in examples]
+    return [float(loss) for loss in losses]
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "child_sum_tree_lstm"])
+def test_pipelined_inference_equals_eager(name, pipelined):
+    rng = np.random.default_rng(3)
+    model = MODELS[name](rng)
+    tf.reset_stats()
+    for examples in [model.random_examples(rng, 8) for _ in range(4)]:
+        expected = [float(model.loss(tensorflow, example)) for example in examples]
+        np.testing.assert_allclose(lazy_losses(model, examples), expected,
+                                   rtol=1e-5, atol=1e-6)
+        assert not overlap.active() and not overlap.holding()
+    statistics = tf.stats()
+    assert statistics["pipelined_evaluations"] >= 4
+    assert statistics["program_runs"] >= statistics["pipelined_evaluations"]
+
+
+def test_no_pipelined_part_where_a_tape_could_record(pipelined):
+    """Under a tape, a node evaluated early that nothing reads later would
+    add its rows to a gradient: scopes under a tape close whole."""
+    rng = np.random.default_rng(4)
+    model = MODELS["tree_lstm"](rng)
+    examples = model.random_examples(rng, 8)
+    tf.reset_stats()
+    with tf.GradientTape() as tape:
+        loss = tf.add_n([model.loss(tf, example) for example in examples])
+    assert tape.gradient(loss, model.variables)[1] is not None
+    with tensorflow.GradientTape():
+        lazy_losses(model, examples)
+    assert tf.stats()["pipelined_evaluations"] == 0
+    lazy_losses(model, examples)
+    assert tf.stats()["pipelined_evaluations"] >= 1
+
+
+def test_an_error_in_a_pipelined_part_names_the_users_line(pipelined):
+    """The queued program fails; its nodes run again, step by step, and the
+    error names the lookup's line, as unqueued, wherever in the scope the
+    bad instance is; the next scope works."""
+    rng = np.random.default_rng(6)
+    model = MODELS["tree_lstm"](rng)
+    for _ in range(2):
+        lazy_losses(model, model.random_examples(rng, 8))
+    tf.reset_stats()
+    for position in range(5):
+        examples = model.random_examples(rng, 8)
+        examples[position] = ((99, 3), 1)   # word 99 of a vocabulary of 30
+        with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
+            lazy_losses(model, examples)
+        notes = "\n".join(getattr(raised.value, "__notes__", []))
+        assert "nn.embedding_lookup, recorded at" in notes and "example_models.py" in notes, \
+            (position, notes)
+        assert not overlap.active() and not overlap.holding()
+    assert tf.stats()["pipelined_evaluations"] >= 5
+    examples = model.random_examples(rng, 8)
+    expected = [float(model.loss(tensorflow, example)) for example in examples]
+    np.testing.assert_allclose(lazy_losses(model, examples), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_bookkeeping_refuses_bad_input():
+    from subgraphjit import _native
+    from subgraphjit.context import context
+    try:
+        with pytest.raises(TypeError):
+            _native.set_pending([], 5, "not callable")
+        with pytest.raises(ValueError):
+            _native.set_pending([], -1)
+    finally:
+        context.pending = context.pending   # (gives the recorder its own again)
+    with pytest.raises(ValueError):
+        _native.restore(object())   # not the capsule write_back gives
+    with pytest.raises(RuntimeError):
+        overlap.hold([], None)   # nothing is queued

@@ -22,7 +22,7 @@ from .graph import BatchGraph, NodeOperand
 
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
-            required=()):
+            required=(), pipelined=False):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object
     (its ``schedule(graph)`` gives the batches, schedulers/__init__.py).
     With ``compile_after`` > 0 the graph is planned as a program, which
@@ -31,7 +31,10 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     batches run one by one.  Every node gets its value in place (a row
     of a batched result, or a result of its own; ``Executor.write_back``,
     ``program.run``); a program's nodes whose outputs it did not keep
-    are marked swallowed (computed only if asked for)."""
+    are marked swallowed (computed only if asked for).  ``pipelined``: a
+    compiled program is queued, not waited for (overlap.py), and the
+    operands its nodes drop are held until it has run; step by step, it
+    runs here as always."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     varying.merge_types(graph)
@@ -51,13 +54,23 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
         if compiled is not None:
             the_program.fill()
     # The previous minibatch's backward and update ran meanwhile: wait for
-    # them here, before any op of this evaluation runs.
-    overlap.end()
+    # them here, before any op of this evaluation runs (unless this one
+    # queues too).
+    queued = pipelined and compiled is not None
+    if queued:
+        overlap.begin()
+        queued = overlap.active()
+    if not queued:
+        overlap.end()
     analysed = time.perf_counter()
     if compiled is not None:
         try:
-            program.run(the_program, compiled, graph, statistics)
+            program.run(the_program, compiled, graph, statistics, queued)
         except tf.errors.OpError:
+            if queued:
+                # The queue failed earlier (an op refuses a failed queue):
+                # end() raises that failure, its nodes run anew.
+                overlap.end()
             # A bad value in some instance: run step by step, whose error
             # names the instance's own line.
             compiled = None

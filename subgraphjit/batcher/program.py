@@ -703,10 +703,36 @@ class _Compiled:
             parts.append(tf.constant(np.array(program.input_values[buffer],
                                               dtype.as_numpy_dtype)))
         if program.input_nodes[buffer]:
-            parts.append(tf.stack([node.value() for node in program.input_nodes[buffer]]))
+            parts.append(_stacked(program.input_nodes[buffer]))
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _stacked(nodes):
+    """The nodes' values stacked on a new first axis, as rows of their
+    batched values where they are rows: a gather per run of rows of one
+    batched value rather than a slice per node, and no tensor asked for its
+    shape (``tf.stack`` asks; a queued tensor's shape waits for the tensor:
+    overlap.py)."""
+    parts, run = [], None   # run: (batched value, [rows])
+    for node in nodes:
+        batched = node.batched
+        if node.result is None and batched is not None and not isinstance(batched, list):
+            if run is not None and run[0] is batched:
+                run[1].append(node.row)
+                continue
+            if run is not None:
+                parts.append(tf.gather(*run))
+            run = (batched, [node.row])
+            continue
+        if run is not None:
+            parts.append(tf.gather(*run))
+            run = None
+        parts.append(tf.expand_dims(node.value(), 0))
+    if run is not None:
+        parts.append(tf.gather(*run))
+    return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
 def _rows_op(name, x, y, compute):
@@ -782,14 +808,16 @@ def _each_instance(kind, values, flags, count):
     return results if op_entry.multi_output else results[0]
 
 
-def run(program, compiled, graph, statistics):
+def run(program, compiled, graph, statistics, queued=False):
     """Run ``program`` with its compiled form and leave each node's value as
     its row of a buffer (``_native.write_back``: a loop over every node).
     A node with an output not kept is marked swallowed (like a node inside
     a pattern: left unevaluated, with its inputs, and computed only if
     someone asks; a multi-output node's kept outputs' access nodes have
-    rows of their own)."""
-    recording = _could_record()
+    rows of their own).  ``queued``: the call is queued (overlap.py), so
+    the operands the nodes drop are held until it has run
+    (``overlap.hold``)."""
+    recording = could_record()
     outputs = compiled(program, recording)
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
@@ -803,7 +831,10 @@ def run(program, compiled, graph, statistics):
             if unbatched:
                 statistics["unbatched"][f"{kind.entry.name}: no batch rule"] += unbatched
     results = _native.write_back(graph.nodes, graph.operands, *program.places,
-                                 list(outputs), ACCESS)
+                                 list(outputs), ACCESS, queued)
+    if queued:
+        results, operands = results
+        overlap.hold(graph.nodes, operands)
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
     # is taken now, while the tape sees the op.  With no tape (inference)
@@ -815,5 +846,6 @@ def run(program, compiled, graph, statistics):
             node.value()
 
 
-def _could_record():
+def could_record():
+    """Whether a tape (or forward accumulator) could record an op now."""
     return _tape is None or _tape.could_possibly_record()

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from .. import _native
+from .. import _native, overlap
 from ..forced import forced_site
 
 # What reading an unevaluated node calls: ``evaluate(targets, forced_by=)``
@@ -122,6 +122,8 @@ class VirtualNode:
         if self.result is None:
             if self.batched is None:
                 _evaluate([self], forced_by=forced_site(sys._getframe(1)))
+            if overlap.holding():   # its batched value may still be computing
+                overlap.end()
             if self.result is None and type(self.batched) is _EAGER_TENSOR:
                 try:   # a view of TensorFlow's host buffer (private; no copy)
                     host = self.batched._numpy()
