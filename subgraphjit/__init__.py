@@ -11,29 +11,41 @@ an op outside the table).
 import gc as _gc
 import sys as _sys
 
-import tensorflow as _tf
-
-from . import api as _api
-from .api import (GradientTape, access, batching, build, get_parameter,
-                  patterns, reset_patterns, reset_stats, set_parameter, stats)
-from .dropin import namespace as _namespace
-from .ir.node import VirtualNode
-
 __version__ = "0.1.0"
 
-_namespace.install(_sys.modules[__name__],
-                   {_tf.shape: _api.shape, _tf.nn.dropout: _api.dropout})
+try:
+    import tensorflow as _tf
+except ImportError as _error:
+    # Without TensorFlow only the parts that need none import: the PQ tree
+    # and the row layout (subgraphjit.batcher.pqtree, .layout).  Every
+    # attribute of the drop-in module says what is missing.
+    _tf, _missing = None, _error
+else:
+    from . import api as _api
+    from .api import (GradientTape, access, batching, build, get_parameter,
+                      patterns, reset_patterns, reset_stats, set_parameter, stats)
+    from .dropin import namespace as _namespace
+    from .ir.node import VirtualNode
 
+    _namespace.install(_sys.modules[__name__],
+                       {_tf.shape: _api.shape, _tf.nn.dropout: _api.dropout})
 
-# TensorFlow's modules are hundreds of thousands of long-lived objects; moving
-# them out of the cyclic collector's sight keeps its sweeps, which recording
-# many small nodes triggers often, proportional to our objects, not TF's.
-_gc.freeze()
+    # TensorFlow's modules are hundreds of thousands of long-lived objects;
+    # moving them out of the cyclic collector's sight keeps its sweeps,
+    # which recording many small nodes triggers often, proportional to our
+    # objects, not TF's.
+    _gc.freeze()
 
 
 def __getattr__(name):
+    if _tf is None:
+        # (An AttributeError, so that ``from subgraphjit import batcher``
+        # still imports the subpackage.)
+        raise AttributeError(
+            f"module 'subgraphjit' has no attribute {name!r}: TensorFlow "
+            f"did not import ({_missing}); pip install tensorflow-cpu") from _missing
     return getattr(_tf, name)
 
 
 def __dir__():
-    return sorted(set(dir(_tf)) | set(globals()))
+    return sorted((set(dir(_tf)) if _tf is not None else set()) | set(globals()))

@@ -15,7 +15,8 @@ import time
 
 import tensorflow as tf
 
-from . import _native, batcher, concurrent, overlap
+from . import _native, concurrent, overlap
+from .batcher.execute import execute
 from .batcher.program import could_record
 from .batcher.schedulers import SCHEDULERS, fsm, lower_bound
 from .context import context
@@ -169,9 +170,8 @@ def _run(nodes, required, compile_after, pipelined=False):
         return len(nodes)
     statistics = context.batching
     before = statistics["batches"]
-    graph = batcher.execute(nodes, statistics, _scheduler(scheduler),
-                          context.parameters["layout"],
-                          compile_after, required, pipelined)
+    graph = execute(nodes, statistics, _scheduler(scheduler),
+                    context.parameters["layout"], compile_after, required, pipelined)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += lower_bound(graph)
     return statistics["batches"] - before
@@ -214,7 +214,11 @@ def evaluate_so_far():
     pending = context.pending
     recorded = _native.scope_leftovers(pending)
     del pending[:]
-    evaluate(recorded, required=(), pipelined=True)
+    # Compiled at first sight: a part is worth pipelining only compiled,
+    # and a scope holds several parts of one key (waiting for the key to
+    # be ``compile`` of the last 16 cost a 256-tree Tree-LSTM's inference
+    # two passes of 2,000 trees; the compile budget bounds the waste).
+    evaluate(recorded, required=(), pipelined=True, compile_after=1)
     if not overlap.holding():
         # It ran where it was called (its program not compiled, or over
         # varying shapes): the rest of the scope runs as one, batched.

@@ -1,109 +1,17 @@
 """The batching layer: run a minibatch's work of one batching type as one op.
 
-``execute(nodes)`` takes the unevaluated nodes of one evaluation (in
-recording order), builds their BatchGraph (types, shared operands,
-duplicates), lets the chosen scheduler pick batches, and runs each batch as
-one op through the executor.  ``set_parameter("scheduler", "none")`` turns
+``execute.execute(nodes)`` takes the unevaluated nodes of one evaluation
+(in recording order), builds their BatchGraph (graph.py: types, shared
+operands, duplicates), lets the chosen scheduler (schedulers/) pick
+batches, and runs each batch as one op through the executor
+(executor.py, rules.py).  ``set_parameter("scheduler", "none")`` turns
 batching off (each node runs on its own, the reference behaviour).  With
-``layout="pq"`` the rows of every batch are ordered first (layout.py) so
-that operands are slices of earlier results rather than gathers.  With the
-``compile`` parameter set, the batches are instead planned as a program
-(plan.py) and run as one compiled call (program.py) once its key recurs.
+``layout="pq"`` the rows of every batch are ordered first (layout.py, on
+the PQ tree of pqtree.py) so that operands are slices of earlier results
+rather than gathers.  With the ``compile`` parameter set, the batches are
+instead planned as a program (plan.py) and run as one compiled call
+(program.py) once its key recurs.
+
+This file imports nothing: the PQ tree and the row layout need neither
+TensorFlow nor the rest of the package.
 """
-
-import time
-
-import tensorflow as tf
-
-from .. import overlap
-from . import layout, plan, program, varying
-from .executor import Executor
-from .graph import BatchGraph, NodeOperand
-
-
-def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
-            required=(), pipelined=False):
-    """Batch and run the nodes; ``scheduler`` is a fresh scheduler object
-    (its ``schedule(graph)`` gives the batches, schedulers/__init__.py).
-    With ``compile_after`` > 0 the graph is planned as a program, which
-    runs as one compiled call once its key has been seen that many times
-    (plan.py, program.py); otherwise, and until then, the scheduler's
-    batches run one by one.  Every node gets its value in place (a row
-    of a batched result, or a result of its own; ``Executor.write_back``,
-    ``program.run``); a program's nodes whose outputs it did not keep
-    are marked swallowed (computed only if asked for).  ``pipelined``: a
-    compiled program is queued, not waited for (overlap.py), and the
-    operands its nodes drop are held until it has run; step by step, it
-    runs here as always."""
-    started = time.perf_counter()
-    graph = BatchGraph(nodes)
-    varying.merge_types(graph)
-    batches = scheduler.schedule(graph)
-    compiled = None
-    if compile_after and batches and graph.varying:
-        # A program's buffers hold rows of one shape each (plan.py).
-        statistics["programs_not_compiled"]["batches over varying lengths"] += 1
-    elif compile_after and batches:
-        the_program = plan.outline(graph, batches, required, program.MAX_KINDS)
-        if the_program is None:
-            statistics["programs_not_compiled"][
-                f"more than {program.MAX_KINDS} node kinds"] += 1
-        else:
-            compiled = program.PROGRAMS.compiled_for(the_program, compile_after,
-                                                     statistics)
-        if compiled is not None:
-            the_program.fill()
-    # The previous minibatch's backward and update ran meanwhile: wait for
-    # them here, before any op of this evaluation runs (unless this one
-    # queues too).
-    queued = pipelined and compiled is not None
-    if queued:
-        overlap.begin()
-        queued = overlap.active()
-    if not queued:
-        overlap.end()
-    analysed = time.perf_counter()
-    if compiled is not None:
-        try:
-            program.run(the_program, compiled, graph, statistics, queued)
-        except tf.errors.OpError:
-            if queued:
-                # The queue failed earlier (an op refuses a failed queue):
-                # end() raises that failure, its nodes run anew.
-                overlap.end()
-            # A bad value in some instance: run step by step, whose error
-            # names the instance's own line.
-            compiled = None
-    if compiled is None:
-        if row_layout == "pq":
-            planning = time.perf_counter()
-            batches = order_rows(graph, batches)
-            statistics["layout_seconds"] += time.perf_counter() - planning
-        analysed = time.perf_counter()
-        executor = Executor(graph, statistics)
-        for batch in batches:
-            executor.run(batch)
-        executor.write_back()
-    finished = time.perf_counter()
-    statistics["analysis_seconds"] += analysed - started
-    statistics["execute_seconds"] += finished - analysed
-    statistics["duplicates_skipped"] += graph.duplicates
-    return graph
-
-
-def order_rows(graph, batches):
-    """The batches with their rows ordered by the layout planner.  Each
-    batch's per-instance operands that read one output of other batched
-    nodes are the planner's operands; it keeps those that can never be
-    slices out itself (rows of several batches, repeated rows)."""
-    operands = []
-    for number, batch in enumerate(batches):
-        if len(batch) == 1:
-            continue
-        rows = [graph.operands[index] for index in batch]
-        for position in range(len(rows[0])):
-            column = [row[position] for row in rows]
-            if all(isinstance(operand, NodeOperand) and operand.index >= 0
-                   and operand.pick == column[0].pick for operand in column):
-                operands.append((number, [operand.index for operand in column]))
-    return layout.plan(batches, operands).results
