@@ -777,7 +777,7 @@ undo:
 
 PyDoc_STRVAR(write_back_doc,
 "write_back(nodes, operands, where, outputs, slots, buffers,\n"
-"           access_entry)\n--\n\n"
+"           access_entry, keep=False)\n--\n\n"
 "Leave each node's value as its row of the program's ``buffers`` (fill's\n"
 "arrays say where) and drop its operands; a node with an output not kept\n"
 "stays unevaluated and is marked swallowed.  Returns the nodes nothing\n"

@@ -97,9 +97,12 @@ def lazy_losses(model, examples):
 
 
 @pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "child_sum_tree_lstm"])
-def test_pipelined_inference_equals_eager(name, pipelined):
+def test_pipelined_inference_equals_eager(name, pipelined, monkeypatch):
     rng = np.random.default_rng(3)
     model = MODELS[name](rng)
+    held = []   # the parts whose programs were queued
+    monkeypatch.setattr(overlap, "hold", lambda *part, hold=overlap.hold: (
+        held.append(part), hold(*part)))
     tf.reset_stats()
     for examples in [model.random_examples(rng, 8) for _ in range(4)]:
         expected = [float(model.loss(tensorflow, example)) for example in examples]
@@ -108,7 +111,7 @@ def test_pipelined_inference_equals_eager(name, pipelined):
         assert not overlap.active() and not overlap.holding()
     statistics = tf.stats()
     assert statistics["pipelined_evaluations"] >= 4
-    assert statistics["program_runs"] >= statistics["pipelined_evaluations"]
+    assert len(held) >= 4
 
 
 def test_no_pipelined_part_where_a_tape_could_record(pipelined):
