@@ -55,11 +55,7 @@ class Executor:
     def _location(self, operand):
         """(source tensor, row) of a node operand; row None: the value itself."""
         if operand.index < 0:
-            node = operand.node
-            if (node.result is None and node.batched is not None
-                    and type(node.row) not in (slice, tuple)):   # (varying.py's)
-                return node.batched, node.row
-            return node.value(), None
+            return operand.node.location()
         index = operand.index
         batched = self.batched_of[index]
         if batched is not None:

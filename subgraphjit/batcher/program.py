@@ -711,25 +711,23 @@ class _Compiled:
 
 def _stacked(nodes):
     """The nodes' values stacked on a new first axis, as rows of their
-    batched values where they are rows: a gather per run of rows of one
-    batched value rather than a slice per node, and no tensor asked for its
-    shape (``tf.stack`` asks; a queued tensor's shape waits for the tensor:
-    overlap.py)."""
+    batched values where they are plain rows (``VirtualNode.location``): a
+    gather per run of rows of one batched value rather than a slice per
+    node, and no tensor asked for its shape (``tf.stack`` asks; a queued
+    tensor's shape waits for the tensor: overlap.py)."""
     parts, run = [], None   # run: (batched value, [rows])
     for node in nodes:
-        batched = node.batched
-        if node.result is None and batched is not None and not isinstance(batched, list):
-            if run is not None and run[0] is batched:
-                run[1].append(node.row)
-                continue
-            if run is not None:
-                parts.append(tf.gather(*run))
-            run = (batched, [node.row])
+        source, row = node.location()
+        if row is not None and run is not None and run[0] is source:
+            run[1].append(row)
             continue
         if run is not None:
             parts.append(tf.gather(*run))
             run = None
-        parts.append(tf.expand_dims(node.value(), 0))
+        if row is not None:
+            run = (source, [row])
+        else:
+            parts.append(tf.expand_dims(source, 0))
     if run is not None:
         parts.append(tf.gather(*run))
     return parts[0] if len(parts) == 1 else tf.concat(parts, 0)

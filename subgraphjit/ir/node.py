@@ -132,6 +132,18 @@ class VirtualNode:
                 return host[self.row].copy()   # as .numpy(): a copy
         return self.value().numpy()
 
+    def location(self):
+        """(batched value, row) when the value is a plain row of a batched
+        value (read with others by one gather, never asking the tensor
+        anything); else (the value, None).  Not plain: rows of a result over
+        varying lengths or a padded corner (slice, tuple rows: varying.py),
+        and a multi-output op's outputs (a list)."""
+        if (self.result is None and self.batched is not None
+                and type(self.batched) is not list
+                and type(self.row) not in (slice, tuple)):
+            return self.batched, self.row
+        return self.value(), None
+
     @property
     def evaluated(self):
         return self.result is not None or self.batched is not None
