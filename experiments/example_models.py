@@ -167,6 +167,102 @@ class TreeGRU(TreeModel):
         return (update * (left + right) / 2 + (1.0 - update) * candidate,)
 
 
+class FunctionTreeLSTM(TreeLSTM):
+    """The Tree-LSTM with its two cells in ``tf.function``, as TensorFlow's
+    guides advise.  Under subgraphjit a ``tf.function`` given nodes records
+    its body (``subgraphjit/dropin/functions.py``); eagerly each call runs
+    the traced graph."""
+
+    def __init__(self, rng, embed=6, hidden=5):
+        super().__init__(rng, embed, hidden)
+        self._cells = {}
+
+    def cells(self, tf):
+        """This module's ``tf.function`` of each cell (made once, as a
+        decorator would)."""
+        if tf not in self._cells:
+            self._cells[tf] = (tf.function(self.leaf_cell), tf.function(self.internal_cell))
+        return self._cells[tf]
+
+    def leaf_cell(self, x):
+        i, o, u = tensorflow.split(tensorflow.matmul(x, self.leaf), 3, axis=1)
+        c = tensorflow.sigmoid(i) * tensorflow.tanh(u)
+        return tensorflow.sigmoid(o) * tensorflow.tanh(c), c
+
+    def internal_cell(self, hl, cl, hr, cr):
+        z = tensorflow.matmul(tensorflow.concat([hl, hr], axis=1), self.internal) + self.bias
+        i, fl, fr, o, u = tensorflow.split(z, 5, axis=1)
+        c = (tensorflow.sigmoid(i) * tensorflow.tanh(u) + tensorflow.sigmoid(fl) * cl
+             + tensorflow.sigmoid(fr) * cr)
+        return tensorflow.sigmoid(o) * tensorflow.tanh(c), c
+
+    def encode(self, tf, tree):
+        leaf_cell, internal_cell = self.cells(tf)
+        if isinstance(tree, int):
+            return leaf_cell(tf.nn.embedding_lookup(self.embedding, [tree]))
+        (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
+        return internal_cell(hl, cl, hr, cr)
+
+
+class _Tree:
+    """A tree and the module the model code calls, as one keyword argument
+    (Keras 3 converts a nest of numbers; it leaves an object alone)."""
+
+    def __init__(self, shape, tf):
+        self.shape, self.tf = shape, tf
+
+
+def _keras_network(rng, embed, hidden):
+    """A ``keras.Model`` subclass whose ``call`` recurses over a tree: a
+    Tree-GRU whose leaf projection, gates and candidate are ``Dense``
+    layers (variables built at once, from ``rng``'s seeds)."""
+    import keras
+
+    def dense(units, inputs, activation=None):
+        layer = keras.layers.Dense(units, activation=activation,
+                                   kernel_initializer=keras.initializers.RandomNormal(
+                                       stddev=0.3, seed=int(rng.integers(2**30))),
+                                   bias_initializer="zeros")
+        layer.build((None, inputs))
+        return layer
+
+    class TreeGRUNetwork(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.leaf = dense(hidden, embed, "tanh")
+            self.gates = dense(3 * hidden, 2 * hidden, "sigmoid")
+            self.candidate = dense(hidden, 2 * hidden, "tanh")
+
+        def state(self, tf, tree, embedding):
+            if isinstance(tree, int):
+                return self.leaf(tf.gather(embedding, [tree]))
+            left = self.state(tf, tree[0], embedding)
+            right = self.state(tf, tree[1], embedding)
+            reset_left, reset_right, update = tf.split(
+                self.gates(tf.concat([left, right], 1)), 3, axis=1)
+            candidate = self.candidate(tf.concat([reset_left * left, reset_right * right], 1))
+            return update * (left + right) / 2 + (1.0 - update) * candidate
+
+        def call(self, tree, embedding):
+            return self.state(tree.tf, tree.shape, embedding)
+
+    return TreeGRUNetwork()
+
+
+class KerasTreeGRU(TreeModel):
+    """A Tree-GRU as a Keras user writes it: a subclassed ``keras.Model``
+    whose ``call`` recurses over the tree through ``Dense`` layers."""
+
+    def __init__(self, rng, embed=6, hidden=5):
+        self.embedding = _weight(rng, self.vocabulary, embed)
+        self.network = _keras_network(rng, embed, hidden)
+        self.output = _weight(rng, hidden, self.classes)
+        self.variables = [self.embedding, self.output, *self.network.trainable_variables]
+
+    def encode(self, tf, tree):
+        return (self.network(tree=_Tree(tree, tf), embedding=self.embedding),)
+
+
 class MVRNN(TreeModel):
     """Matrix-vector RNN: every node has a vector and a matrix, and a parent
     multiplies each child's vector by the other child's matrix -- a product
@@ -366,7 +462,8 @@ class SelfAttentionVarlen:
 
 MODELS = {"tree_lstm": TreeLSTM, "tree_lstm_2type": TreeLSTM2Type,
           "child_sum_tree_lstm": ChildSumTreeLSTM,
-          "tree_gru": TreeGRU, "mv_rnn": MVRNN,
+          "function_tree_lstm": FunctionTreeLSTM,
+          "tree_gru": TreeGRU, "keras_tree_gru": KerasTreeGRU, "mv_rnn": MVRNN,
           "bilstm_tagger": BiLSTMTagger, "lattice_lstm": LatticeLSTM,
           "attention": Attention,
           "self_attention_varlen": SelfAttentionVarlen}

@@ -8,7 +8,8 @@ under every public name TensorFlow gives the same function (``tf.add``,
 attribute is looked up on the real module, so ``tf.Variable``,
 ``tf.random.normal``, ``tf.keras.layers``... are TensorFlow's own, except
 ``tf.keras.optimizers``' classes: subclasses whose update is one compiled
-call (``optimizers.py``).
+call (``optimizers.py``), and ``tf.function``, whose functions record their
+body when given nodes (``functions.py``).
 """
 
 import sys
@@ -20,7 +21,7 @@ from ..ir.node import VirtualNode
 from ..ir.record import build_entry_functions, record
 from ..ir.spec import NotLazy
 from ..ir.table import ALL_ENTRIES, GETITEM, OPERATOR_ENTRIES, OPERATORS, TF_ENTRIES
-from . import dispatch, layers, optimizers
+from . import dispatch, functions, layers, optimizers
 
 # Submodules that hold patched functions; each gets a forwarding proxy.
 PATCHED_SUBMODULES = ("math", "nn", "linalg")
@@ -87,6 +88,7 @@ def install(package, special_wrappers):
     keras = ForwardingModule(f"{package.__name__}.keras", tf.keras)
     keras.optimizers = _KerasOptimizers(f"{keras.__name__}.optimizers", tf.keras.optimizers)
     package.keras = keras
+    package.function = functions.function   # a user's tf.function records its body
     _install_operators()
     dispatch.install(special_wrappers)  # TensorFlow's own functions record too
     layers.install()   # and Keras layers known to be row-wise (dropin/layers.py)
