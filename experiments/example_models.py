@@ -7,6 +7,8 @@ Each model is a class with ``variables`` and ``loss(tf, example)``; each has
 a ``random_examples(rng, count)`` making inputs of varying structure.
 """
 
+import functools
+
 import numpy as np
 import tensorflow
 
@@ -178,23 +180,23 @@ class FunctionTreeLSTM(TreeLSTM):
         self._cells = {}
 
     def cells(self, tf):
-        """This module's ``tf.function`` of each cell (made once, as a
-        decorator would)."""
+        """This module's ``tf.function`` of each cell, made once (as a
+        decorator in a module that imports ``tf`` would)."""
         if tf not in self._cells:
-            self._cells[tf] = (tf.function(self.leaf_cell), tf.function(self.internal_cell))
+            self._cells[tf] = (tf.function(functools.partial(self.leaf_cell, tf)),
+                               tf.function(functools.partial(self.internal_cell, tf)))
         return self._cells[tf]
 
-    def leaf_cell(self, x):
-        i, o, u = tensorflow.split(tensorflow.matmul(x, self.leaf), 3, axis=1)
-        c = tensorflow.sigmoid(i) * tensorflow.tanh(u)
-        return tensorflow.sigmoid(o) * tensorflow.tanh(c), c
+    def leaf_cell(self, tf, x):
+        i, o, u = tf.split(tf.matmul(x, self.leaf), 3, axis=1)
+        c = tf.sigmoid(i) * tf.tanh(u)
+        return tf.sigmoid(o) * tf.tanh(c), c
 
-    def internal_cell(self, hl, cl, hr, cr):
-        z = tensorflow.matmul(tensorflow.concat([hl, hr], axis=1), self.internal) + self.bias
-        i, fl, fr, o, u = tensorflow.split(z, 5, axis=1)
-        c = (tensorflow.sigmoid(i) * tensorflow.tanh(u) + tensorflow.sigmoid(fl) * cl
-             + tensorflow.sigmoid(fr) * cr)
-        return tensorflow.sigmoid(o) * tensorflow.tanh(c), c
+    def internal_cell(self, tf, hl, cl, hr, cr):
+        z = tf.matmul(tf.concat([hl, hr], axis=1), self.internal) + self.bias
+        i, fl, fr, o, u = tf.split(z, 5, axis=1)
+        c = tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl + tf.sigmoid(fr) * cr
+        return tf.sigmoid(o) * tf.tanh(c), c
 
     def encode(self, tf, tree):
         leaf_cell, internal_cell = self.cells(tf)

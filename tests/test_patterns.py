@@ -379,12 +379,37 @@ def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
     while "training" not in tf.stats()["granularity_chosen"]:
         assert len(timed) < 40
         assert_matches_eager(model, model.random_examples(rng, 3))
-        timing = search.SEARCH.trials["training"].timing   # (unit, start, nodes)
+        timing = search.SEARCH.trials["training"].timing   # (unit, start, nodes, work)
         if timing is not None:
             # Seconds per node: patterns ``ratio`` times cheaper than ops.
             timed.append(timing[0])
             now[0] += timing[2] * (1.0 if timing[0] == "subgraph" else ratio)
     assert len(timed) == turns
+    assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
+
+
+def test_a_timed_evaluation_that_traced_is_timed_again(auto_trial):
+    """An evaluation that traced a pattern for new shapes (one-off work)
+    tells the trial nothing: its unit is timed again.  Here the first
+    timed patterns evaluation "traces" and takes 100 times the ops' time
+    per node; counted, it would have chosen ops at once (``FAR``)."""
+    from subgraphjit.context import context
+    now = auto_trial
+    rng = np.random.default_rng(26)
+    model = MODELS["tree_lstm"](rng)
+    timed = []
+    while "training" not in tf.stats()["granularity_chosen"]:
+        assert len(timed) < 40
+        assert_matches_eager(model, model.random_examples(rng, 3))
+        timing = search.SEARCH.trials["training"].timing   # (unit, start, nodes, work)
+        if timing is not None:
+            timed.append(timing[0])
+            first_patterns = timed.count("subgraph") == 1 and timing[0] == "subgraph"
+            now[0] += timing[2] * (100.0 if first_patterns else
+                                   1.0 if timing[0] == "subgraph" else 3.0)
+            if first_patterns:
+                context.pattern_traces += 1
+    assert timed == ["op", "subgraph", "subgraph"]
     assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
 
 
