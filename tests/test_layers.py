@@ -288,3 +288,27 @@ def test_subclassed_model_recursing_over_trees_trains_as_eager(parameters):
     assert len(trained) == len(model.trainable_variables) == 7
     for got, want in zip(trained, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_layer_lives_while_its_recorded_calls_do_and_no_longer():
+    """A layer the user drops before its calls are evaluated still runs
+    them (eager TensorFlow would have run them already); once those nodes
+    are gone too, the layer is freed (caches hold its op entry, which
+    holds the layer only while a node of it lives)."""
+    import gc
+    import weakref
+
+    def record():
+        layer = keras.layers.Dense(HIDDEN, activation="tanh")
+        node = layer(sj.tanh(tensorflow.ones([1, EMBEDDING])))
+        assert type(node) is VirtualNode
+        expected = layer(tensorflow.tanh(tensorflow.ones([1, EMBEDDING])))
+        return node, expected.numpy(), weakref.ref(layer)
+
+    node, expected, layer = record()
+    gc.collect()
+    assert layer() is not None
+    np.testing.assert_allclose(node.numpy(), expected, rtol=1e-6)
+    del node
+    gc.collect()
+    assert layer() is None

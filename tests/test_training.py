@@ -91,3 +91,31 @@ def test_compiled_updates_equal_keras_eager_updates(optimizer):
     for value, want in zip(got, expected):
         np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6)
     assert len(optimizers._UPDATES[ours]) == 1   # one update, of any number of entries
+
+
+@pytest.mark.parametrize("options", [{}, {"epsilon": 0.0}])
+def test_adagrad_steps_on_looked_up_rows_give_keras_bits(options):
+    """Adagrad's step for an IndexedSlices gradient touches only its rows
+    (optimizers.RowwiseAdagrad) and leaves the variable and accumulator
+    bit for bit where Keras's eager step does, duplicate indices included;
+    without epsilon Keras's own step runs (a zero accumulator row would
+    give 0 / 0 in rows no entry touched)."""
+    rng = np.random.default_rng(11)
+    initial = rng.normal(size=(50, 4)).astype(np.float32)
+    steps = [tensorflow.IndexedSlices(
+        tensorflow.constant(rng.normal(size=(size, 4)).astype(np.float32)),
+        tensorflow.constant(rng.integers(0, 8, size=size).astype(np.int32)),
+        tensorflow.constant([50, 4])) for size in (6, 9, 3, 12)]
+
+    def run(make):
+        variable = tensorflow.Variable(initial)
+        optimizer_object = make(0.1, **options)
+        for gradient in steps:
+            optimizer_object.apply_gradients([(gradient, variable)])
+        return variable.numpy(), optimizer_object.variables[-1].numpy()
+
+    expected = run(tensorflow.keras.optimizers.Adagrad)
+    got = run(tf.keras.optimizers.Adagrad)
+    assert isinstance(tf.keras.optimizers.Adagrad(0.1), optimizers.RowwiseAdagrad)
+    for value, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(value, want)

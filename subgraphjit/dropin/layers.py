@@ -185,14 +185,32 @@ def _record_call(layer, original, args, kwargs):
     except NotLazy:
         return NotImplemented
     if not entry.multi_output:
+        _hold_while_alive(entry, layer, result)
         return result
+    for node in result:   # (each output holds the call's node)
+        _hold_while_alive(entry, layer, node)
     return tf.nest.pack_sequence_as(entry.output_structure, list(result))
+
+
+def _hold_while_alive(entry, layer, node):
+    """The entry holds its layer while ``node`` lives: a node evaluated
+    after the user dropped the layer still runs it, as eager TensorFlow
+    ran it already.  (The entry itself holds the layer weakly: op entries
+    sit in caches, which would otherwise keep every layer ever called.)"""
+    entry.held = layer
+
+    def released(reference):
+        entry.watched.discard(reference)
+        if not entry.watched:
+            entry.held = None
+    entry.watched.add(weakref.ref(node, released))
 
 
 def _make_entry(layer, original):
     name = f"keras.layers.{type(layer).__name__}({layer.name})#{next(_serials)}"
     entry = OpEntry(name, original, FAMILY)
-    entry.layer = weakref.ref(layer)   # an entry must not keep its layer alive
+    entry.layer = weakref.ref(layer)   # an entry must not keep its layer alive...
+    entry.held, entry.watched = None, set()   # ... but its live nodes do
     entry.min_rank = _row_wise_classes()[type(layer)]
     entry.output_structure = None      # the first output decides, for every key
     entry.refused_keys = set()

@@ -10,6 +10,12 @@ inside a tf.function, one concrete function per list of variables and
 their gradients' types.  The first call, which
 builds the optimizer's own variables, and calls with a ``None`` gradient or
 inside the user's own tf.function stay as Keras runs them.
+
+Adagrad's step for an ``IndexedSlices`` gradient (an embedding's looked-up
+rows) also touches only those rows (``RowwiseAdagrad``): Keras adds epsilon
+to the whole accumulator, takes its square root and searches it for zeros
+and NaNs before gathering the rows it divides by, passes over the whole
+vocabulary in every step.
 """
 
 import inspect
@@ -61,6 +67,44 @@ class CompiledUpdate:
         return overlap.call(update, tensors)
 
 
+class RowwiseAdagrad:
+    """Keras's Adagrad step for an ``IndexedSlices`` gradient, computed on
+    its rows alone, with the same float operations in the same order on
+    each element (so the same bits): the squares added into the
+    accumulator, then each entry's ``lr * g`` divided by the square root
+    of its accumulator row plus epsilon, read after every entry's square
+    is in (duplicate indices as Keras treats them).  Keras searches the
+    whole divisor for zeros and NaNs, where 0 / 0 would put NaN in rows no
+    entry touches; with epsilon > 0 and an accumulator that starts at or
+    above zero the divisor is never zero, and a NaN in it marks a row
+    whose variable is NaN already.  Otherwise Keras's own step runs."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        if not (isinstance(gradient, tf.IndexedSlices) and self.epsilon > 0
+                and self.initial_accumulator_value >= 0):
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = tf.as_dtype(variable.dtype)
+        lr = tf.cast(learning_rate, dtype)
+        values, indices = tf.cast(gradient.values, dtype), gradient.indices
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        self.assign_add(accumulator, tf.IndexedSlices(tf.square(values), indices,
+                                                      gradient.dense_shape))
+        # Each row's root, then gathered per entry, as Keras orders them:
+        # divided by a root directly, TensorFlow's graph optimizer would
+        # rewrite x / sqrt(y) as x * rsqrt(y), which differs in the last bit.
+        rows, entry_rows = tf.unique(indices)
+        roots = tf.sqrt(_tf_variable(accumulator).sparse_read(rows)
+                        + tf.constant(self.epsilon, dtype))
+        self.assign_sub(variable, tf.IndexedSlices(
+            tf.divide(lr * values, tf.gather(roots, entry_rows)), indices,
+            gradient.dense_shape))
+
+
+def _tf_variable(variable):
+    """The tf.Variable behind a Keras variable, as Keras's own assign finds it."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
 def _parts(gradient):
     """A gradient's tensors, in its spec's order.  (``tf.nest.flatten``
     would ask an IndexedSlices for its shapes, which waits for them.)"""
@@ -90,8 +134,12 @@ def compiled_update_class(keras_class):
     """Our subclass of a Keras optimizer class (made once per class)."""
     ours = _SUBCLASSES.get(keras_class)
     if ours is None:
+        from keras.optimizers import Adagrad
+        bases = (CompiledUpdate, keras_class)
+        if getattr(keras_class, "update_step", None) is Adagrad.update_step:
+            bases = (CompiledUpdate, RowwiseAdagrad, keras_class)   # (not overridden)
         ours = _SUBCLASSES[keras_class] = type(
-            keras_class.__name__, (CompiledUpdate, keras_class),
+            keras_class.__name__, bases,
             {"__module__": __name__, "__doc__": keras_class.__doc__,
              "__qualname__": keras_class.__qualname__})
     return ours
