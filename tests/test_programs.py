@@ -53,7 +53,11 @@ def test_compiled_minibatches_equal_eager(model_name, compiled):
     tf.reset_stats()
     for _ in range(2):
         assert_matches_eager(model, model.random_examples(rng, 3))
-    assert tf.stats()["program_runs"] >= 2, tf.stats()
+    if model_name == "keras_tree_gru":   # a layer reads its variables inside: step by step
+        assert any("Keras layer" in reason
+                   for reason in tf.stats()["programs_not_compiled"]), tf.stats()
+    else:
+        assert tf.stats()["program_runs"] >= 2, tf.stats()
 
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))

@@ -246,7 +246,7 @@ class Trial:
     Tree-LSTM takes about a second, five times a pattern evaluation's per
     node.  An evaluation that did one-off work (traced a pattern for new
     shapes, compiled a program, inferred a shape) is timed again, up to
-    ``len(TIMED)`` times: one Tree-LSTM evaluation that traced five
+    ``RETIMES`` times: one Tree-LSTM evaluation that traced five
     patterns took 688 ms against the op unit's 58, and chose ops, which
     then trained at half the patterns' speed.  The time of an evaluation is until the next one (of either mode)
     starts, so it includes the backward, the update and the recording of
@@ -256,6 +256,7 @@ class Trial:
     TIMED = ("op", "subgraph", "subgraph", "op") * 2
     SEPARATED = 1.25
     FAR = 2.0
+    RETIMES = len(TIMED)
     clock = staticmethod(time.perf_counter)
 
     def __init__(self, mode):
@@ -276,7 +277,7 @@ class Trial:
         if self.timing is not None:
             unit, started, count, work = self.timing
             self.timing = None
-            if work != _one_off_work() and self.retimed < len(self.TIMED):
+            if work != _one_off_work() and self.retimed < self.RETIMES:
                 self.retimed += 1
                 self.timed -= 1   # (this unit's turn again)
                 return
