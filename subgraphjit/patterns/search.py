@@ -246,11 +246,12 @@ class Trial:
     Tree-LSTM takes about a second, five times a pattern evaluation's per
     node.  An evaluation that did one-off work (traced a pattern for new
     shapes, compiled a program, inferred a shape) is timed again, up to
-    ``RETIMES`` times: one Tree-LSTM evaluation that traced five
-    patterns took 688 ms against the op unit's 58, and chose ops, which
-    then trained at half the patterns' speed.  The time of an evaluation is until the next one (of either mode)
-    starts, so it includes the backward, the update and the recording of
-    the next minibatch: what the user waits for."""
+    ``RETIMES`` times: one Tree-LSTM evaluation that traced five patterns
+    took 688 ms against the op unit's 58, and chose ops, which then
+    trained at half the patterns' speed.  The time of an evaluation is
+    until the next one (of either mode) starts, so it includes the
+    backward, the update and the recording of the next minibatch: what the
+    user waits for."""
 
     UNITS = ("op", "subgraph")
     TIMED = ("op", "subgraph", "subgraph", "op") * 2
