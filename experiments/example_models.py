@@ -51,18 +51,29 @@ class TreeLSTM(TreeModel):
         self.variables = [self.embedding, self.leaf, self.internal, self.bias,
                           self.output]
 
-    def encode(self, tf, tree):
-        if isinstance(tree, int):
-            x = tf.nn.embedding_lookup(self.embedding, [tree])
-            i, o, u = tf.split(tf.matmul(x, self.leaf), 3, axis=1)
-            c = tf.sigmoid(i) * tf.tanh(u)
-            return tf.sigmoid(o) * tf.tanh(c), c
-        (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
-        z = tf.matmul(tf.concat([hl, hr], axis=1), self.internal) + self.bias
-        i, fl, fr, o, u = tf.split(z, 5, axis=1)
-        c = (tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl
-             + tf.sigmoid(fr) * cr)
+    def cells(self, tf):
+        """The leaf cell and the internal cell, as ``encode`` calls them."""
+        return (functools.partial(self.leaf_cell, tf),
+                functools.partial(self.internal_cell, tf))
+
+    def leaf_cell(self, tf, x):
+        i, o, u = tf.split(tf.matmul(x, self.leaf), 3, axis=1)
+        c = tf.sigmoid(i) * tf.tanh(u)
         return tf.sigmoid(o) * tf.tanh(c), c
+
+    def internal_cell(self, tf, hl, cl, hr, cr, weight=None):
+        weight = self.internal if weight is None else weight
+        z = tf.matmul(tf.concat([hl, hr], axis=1), weight) + self.bias
+        i, fl, fr, o, u = tf.split(z, 5, axis=1)
+        c = tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl + tf.sigmoid(fr) * cr
+        return tf.sigmoid(o) * tf.tanh(c), c
+
+    def encode(self, tf, tree):
+        leaf_cell, internal_cell = self.cells(tf)
+        if isinstance(tree, int):
+            return leaf_cell(tf.nn.embedding_lookup(self.embedding, [tree]))
+        (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
+        return internal_cell(hl, cl, hr, cr)
 
 
 class ChildSumTreeLSTM(TreeModel):
@@ -137,12 +148,8 @@ class TreeLSTM2Type(TreeLSTM):
             return super().encode(tf, tree)
         kind, left, right = tree
         (hl, cl), (hr, cr) = self.encode(tf, left), self.encode(tf, right)
-        weight = self.internal if kind == 0 else self.internal_other
-        z = tf.matmul(tf.concat([hl, hr], axis=1), weight) + self.bias
-        i, fl, fr, o, u = tf.split(z, 5, axis=1)
-        c = (tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl
-             + tf.sigmoid(fr) * cr)
-        return tf.sigmoid(o) * tf.tanh(c), c
+        return self.internal_cell(tf, hl, cl, hr, cr,
+                                  self.internal if kind == 0 else self.internal_other)
 
 
 class TreeGRU(TreeModel):
@@ -177,33 +184,14 @@ class FunctionTreeLSTM(TreeLSTM):
 
     def __init__(self, rng, embed=6, hidden=5):
         super().__init__(rng, embed, hidden)
-        self._cells = {}
+        self._functions = {}
 
     def cells(self, tf):
         """This module's ``tf.function`` of each cell, made once (as a
         decorator in a module that imports ``tf`` would)."""
-        if tf not in self._cells:
-            self._cells[tf] = (tf.function(functools.partial(self.leaf_cell, tf)),
-                               tf.function(functools.partial(self.internal_cell, tf)))
-        return self._cells[tf]
-
-    def leaf_cell(self, tf, x):
-        i, o, u = tf.split(tf.matmul(x, self.leaf), 3, axis=1)
-        c = tf.sigmoid(i) * tf.tanh(u)
-        return tf.sigmoid(o) * tf.tanh(c), c
-
-    def internal_cell(self, tf, hl, cl, hr, cr):
-        z = tf.matmul(tf.concat([hl, hr], axis=1), self.internal) + self.bias
-        i, fl, fr, o, u = tf.split(z, 5, axis=1)
-        c = tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(fl) * cl + tf.sigmoid(fr) * cr
-        return tf.sigmoid(o) * tf.tanh(c), c
-
-    def encode(self, tf, tree):
-        leaf_cell, internal_cell = self.cells(tf)
-        if isinstance(tree, int):
-            return leaf_cell(tf.nn.embedding_lookup(self.embedding, [tree]))
-        (hl, cl), (hr, cr) = self.encode(tf, tree[0]), self.encode(tf, tree[1])
-        return internal_cell(hl, cl, hr, cr)
+        if tf not in self._functions:
+            self._functions[tf] = tuple(map(tf.function, super().cells(tf)))
+        return self._functions[tf]
 
 
 class _Tree:
