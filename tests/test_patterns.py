@@ -213,6 +213,20 @@ def test_statistics_collect_then_replace(parameters):
     assert stats["patterns"] == len(frequent)
 
 
+def test_a_subgraph_seen_once_per_evaluation_is_no_pattern(parameters):
+    """The minibatch's sum of losses, the evaluation's one root, occurs
+    once per evaluation: nothing to batch it with, so no pattern, while the
+    cells, seen many times, are."""
+    parameters(granularity="subgraph", collect=2, freq=1)
+    rng = np.random.default_rng(2)
+    model = MODELS["tree_gru"](rng)
+    for _ in range(3):
+        assert_matches_eager(model, model.random_examples(rng, 3))
+    assert tf.patterns()
+    for pattern in tf.patterns():
+        assert "add_n" not in pattern.source, pattern.source
+
+
 def test_collection_ends_early_once_it_has_seen_enough_nodes(parameters, monkeypatch):
     """``collect`` minibatches, or fewer once they hold
     ``search.COLLECT_NODES`` nodes: a large first minibatch alone."""

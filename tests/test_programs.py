@@ -360,7 +360,7 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     never do (and no program of more kinds runs them)."""
     class Planned:
         def __init__(self, key):
-            self.key = key
+            self.key = self.relatives = key
 
     monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
     monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
@@ -377,6 +377,48 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     assert changing == [None] * 60
     assert statistics["programs_compiled"] == 1
     assert statistics["program_cache_hits"] == 2
+
+
+def test_an_epochs_last_smaller_minibatch_compiles_at_first_sight(compiled):
+    """Its loss sums fewer losses and divides by another count: another
+    key, seen once per epoch, so never ``compile`` of the last 16; a
+    relative of the compiled program (the same kinds but for operand counts
+    and numbers), it compiles at once and gives eager's results."""
+    tf.set_parameter("compile", 3)
+    rng = np.random.default_rng(15)
+    model = MODELS["tree_lstm"](rng)
+    assert_matches_eager(model, model.random_examples(rng, 4))   # collect
+    for _ in range(6):
+        assert_matches_eager(model, model.random_examples(rng, 4))
+    compiles = program.PROGRAMS.compiles
+    assert compiles >= 1
+    tf.reset_stats()
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    stats = tf.stats()
+    assert program.PROGRAMS.compiles == compiles + 1 and stats["program_runs"] == 1, stats
+
+
+def test_relatives_compile_at_first_sight_a_bounded_number_of_times(monkeypatch):
+    """The policy alone (compiling stubbed): a relative of a compiled key
+    compiles at its first sighting, RELATIVES times per process; other
+    keys wait for ``compile`` sightings."""
+    class Planned:
+        def __init__(self, key, relatives):
+            self.key, self.relatives = key, relatives
+
+    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
+    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
+    programs = program.Programs()
+    statistics = {"program_cache_hits": 0, "programs_compiled": 0,
+                  "programs_not_compiled": collections.Counter(),
+                  "compile_seconds": 0.0}
+    for _ in range(4):
+        programs.compiled_for(Planned("tree of 256", "tree"), 4, statistics)
+    assert statistics["programs_compiled"] == 1
+    assert programs.compiled_for(Planned("other", "other"), 4, statistics) is None
+    for n in range(program.RELATIVES):
+        assert programs.compiled_for(Planned(f"tree of {n}", "tree"), 4, statistics)
+    assert programs.compiled_for(Planned("tree of 9", "tree"), 4, statistics) is None
 
 
 def test_a_program_of_many_kinds_runs_step_by_step():

@@ -67,6 +67,16 @@ class Kind:
                 tuple(None if buffer is None else buffers[buffer]
                       for buffer in self.outputs))
 
+    def relative_key(self, key):
+        """This kind's ``key`` without its operands' count and order or the
+        values of its Python numbers: the kinds of an epoch's last, smaller
+        minibatch (the losses' ``add_n`` of fewer operands, divided by
+        another count) are relatives of the others'."""
+        entry, attrs, attr_types, operands, outputs = key
+        return (entry, attrs, attr_types, outputs, frozenset(
+            operand[:2] if operand[0] == SHARED and operand[1] not in ("variable", "tensor")
+            else operand for operand in operands))
+
 
 class Program:
     """``kinds`` and ``buffers`` (the (dtype, row shape) of each; both in a
@@ -83,6 +93,8 @@ class Program:
         self.buffers = buffers
         self.kind_keys = tuple(kind.key(buffers) for kind in kinds)
         self.key = (tuple(buffers), self.kind_keys)
+        self.relatives = (tuple(buffers), frozenset(
+            kind.relative_key(key) for kind, key in zip(kinds, self.kind_keys)))
         self.computed = [0] * len(buffers)
         self.steps = self.rows = self.places = None
         self.input_values = self.input_nodes = None
@@ -114,6 +126,7 @@ class Program:
             computed[renumbered[buffer]] = count
         self.buffers, self.computed = list(other.buffers), computed
         self.kind_keys, self.key = other.kind_keys, other.key
+        self.relatives = other.relatives
 
     def fill(self):
         """The steps and rows, the inputs, and every node's place.  (The
