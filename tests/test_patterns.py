@@ -214,7 +214,7 @@ def test_statistics_collect_then_replace(parameters):
 
 
 def test_a_subgraph_seen_once_per_evaluation_is_no_pattern(parameters):
-    """The minibatch's sum of losses, the evaluation's one root, occurs
+    """The minibatch's sum of losses, a training evaluation's one root, occurs
     once per evaluation: nothing to batch it with, so no pattern, while the
     cells, seen many times, are."""
     parameters(granularity="subgraph", collect=2, freq=1)

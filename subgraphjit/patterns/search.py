@@ -126,12 +126,12 @@ class PatternSearch:
     def _collect(self, roots, signer, depth):
         queue = collections.deque(roots)
         reached = {node.id: node for node in roots}
-        # The one root of an evaluation (a training minibatch's loss) is
-        # not counted: its subgraph, the sum of the minibatch's losses,
-        # occurs once per evaluation, has nothing to batch with, and
-        # changes with the minibatch's size (a 256-operand sum traced in
-        # 2 s, and again for the epoch's last, smaller minibatch).
-        alone = roots[0] if len(roots) == 1 else None
+        # The one root of a training evaluation (its loss) is not counted:
+        # its subgraph, the sum of the minibatch's losses, occurs once per
+        # evaluation, has nothing to batch with, and changes with the
+        # minibatch's size (a 256-operand sum traced in 2 s, and again for
+        # the epoch's last, smaller minibatch).
+        alone = roots[0] if len(roots) == 1 and context.tapes else None
         while queue:
             node = queue.popleft()
             if node.entry.node_kind == "access" or has_value_operand(node):
