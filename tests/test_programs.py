@@ -354,6 +354,16 @@ def test_a_reused_program_reads_this_minibatchs_shared_tensors():
         tf.set_parameter("compile", previous)
 
 
+def stubbed_policy(monkeypatch):
+    """A Programs object whose compiling is stubbed, and its statistics."""
+    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
+    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
+    statistics = {"program_cache_hits": 0, "programs_compiled": 0,
+                  "programs_not_compiled": collections.Counter(),
+                  "compile_seconds": 0.0}
+    return program.Programs(), statistics
+
+
 def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
     """The policy alone (compiling stubbed): a steady key compiles at its
     fourth sighting; keys that keep changing, each seen now and then,
@@ -362,12 +372,7 @@ def test_a_key_compiles_once_it_is_compile_of_the_last_16(monkeypatch):
         def __init__(self, key):
             self.key = self.relatives = key
 
-    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
-    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
-    programs = program.Programs()
-    statistics = {"program_cache_hits": 0, "programs_compiled": 0,
-                  "programs_not_compiled": collections.Counter(),
-                  "compile_seconds": 0.0}
+    programs, statistics = stubbed_policy(monkeypatch)
 
     steady = [programs.compiled_for(Planned("tree"), 4, statistics) for _ in range(6)]
     assert steady[:3] == [None] * 3
@@ -406,12 +411,7 @@ def test_relatives_compile_at_first_sight_a_bounded_number_of_times(monkeypatch)
         def __init__(self, key, relatives):
             self.key, self.relatives = key, relatives
 
-    monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
-    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
-    programs = program.Programs()
-    statistics = {"program_cache_hits": 0, "programs_compiled": 0,
-                  "programs_not_compiled": collections.Counter(),
-                  "compile_seconds": 0.0}
+    programs, statistics = stubbed_policy(monkeypatch)
     for _ in range(4):
         programs.compiled_for(Planned("tree of 256", "tree"), 4, statistics)
     assert statistics["programs_compiled"] == 1
