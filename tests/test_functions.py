@@ -13,12 +13,10 @@ import tensorflow
 import subgraphjit as tf
 from subgraphjit import VirtualNode
 from gradients import assert_gradient_equal
+import recorded_trees
+from recorded_trees import forced, random_tree
 
 HIDDEN = 4
-
-
-def forced():
-    return sum(tf.stats()["forced_evaluations"].values())
 
 
 class Cells:
@@ -45,22 +43,9 @@ class Cells:
         return self.combine([self.encode(tree[0]), self.encode(tree[1])], scale=0.5)
 
 
-def random_tree(rng, depth):
-    if depth == 0 or rng.random() < 0.3:
-        return int(rng.integers(9))
-    return (random_tree(rng, depth - 1), random_tree(rng, depth - 1))
-
-
 def loss_and_gradients(cells, trees, lazy):
-    with tf.GradientTape() as tape:
-        roots = [cells.encode(tree) for tree in trees]
-        if lazy:
-            assert all(type(root) is VirtualNode for root in roots)
-            assert forced() == 0, tf.stats()["forced_evaluations"]
-        loss = tf.reduce_sum(tf.concat(roots, 0) * np.arange(1, 1 + HIDDEN, dtype=np.float32))
-        if lazy:
-            loss = tf.build(loss)
-    return loss, tape.gradient(loss, [cells.embedding, cells.weight, cells.bias])
+    return recorded_trees.loss_and_gradients(
+        cells.encode, trees, lambda: [cells.embedding, cells.weight, cells.bias], lazy)
 
 
 @pytest.mark.parametrize("granularity", ["op", "subgraph"])
@@ -72,7 +57,7 @@ def test_function_cells_batch_and_equal_eager(granularity):
         rng = np.random.default_rng(7)
         cells = Cells(tf, rng)
         for _ in range(3):
-            trees = [random_tree(rng, 4) for _ in range(6)]
+            trees = [random_tree(rng, 4, 9, 0.3) for _ in range(6)]
             tf.set_parameter("mode", "eager")
             try:
                 expected, expected_gradients = loss_and_gradients(cells, trees, False)

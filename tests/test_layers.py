@@ -17,6 +17,8 @@ import subgraphjit as sj
 from subgraphjit import VirtualNode
 from subgraphjit.batcher import program
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
+import recorded_trees
+from recorded_trees import forced, random_tree
 
 VOCAB, EMBEDDING, HIDDEN, CLASSES = 7, 3, 4, 2
 
@@ -49,16 +51,6 @@ def eager():
         yield
     finally:
         sj.set_parameter("mode", "lazy")
-
-
-def forced():
-    return sum(sj.stats()["forced_evaluations"].values())
-
-
-def random_tree(rng, depth):
-    if depth == 0 or rng.random() < 0.25:
-        return int(rng.integers(VOCAB))
-    return (random_tree(rng, depth - 1), random_tree(rng, depth - 1))
 
 
 def count_calls(layer):
@@ -139,23 +131,14 @@ class CellTree:
 
 
 def loss_and_gradients(model, trees, lazy):
-    with tensorflow.GradientTape() as tape:
-        roots = [model.state(tree) for tree in trees]
-        if lazy:
-            assert all(type(root) is VirtualNode for root in roots)
-            assert forced() == 0, sj.stats()["forced_evaluations"]
-        loss = sj.reduce_sum(sj.concat(roots, 0) * np.arange(
-            1, 1 + HIDDEN, dtype=np.float32))
-        if lazy:
-            loss = sj.build(loss)
-    return loss, tape.gradient(loss, model.variables())
+    return recorded_trees.loss_and_gradients(model.state, trees, model.variables, lazy)
 
 
 @pytest.mark.parametrize("model_class", [DenseTreeGRU, CellTree])
 def test_tree_models_of_keras_layers_equal_eager(model_class, parameters):
     rng = np.random.default_rng(3)
     model = model_class(rng)
-    minibatches = [[random_tree(rng, 4) for _ in range(6)] for _ in range(3)]
+    minibatches = [[random_tree(rng, 4, VOCAB, 0.25) for _ in range(6)] for _ in range(3)]
     counters = [count_calls(layer) for layer in model.layers]
     refusals = set()
     for trees in minibatches:
@@ -272,7 +255,7 @@ def train(model, minibatches, lazy):
 def test_subclassed_model_recursing_over_trees_trains_as_eager(parameters):
     rng = np.random.default_rng(5)
     model = TreeModel()
-    minibatches = [([Tree(random_tree(rng, 3)) for _ in range(5)],
+    minibatches = [([Tree(random_tree(rng, 3, VOCAB, 0.25)) for _ in range(5)],
                     rng.integers(CLASSES, size=5).astype(np.int32)) for _ in range(3)]
     with eager():
         model(trees=minibatches[0][0])   # build, then keep the initial weights
