@@ -357,6 +357,7 @@ def test_a_reused_program_reads_this_minibatchs_shared_tensors():
 def stubbed_policy(monkeypatch):
     """A Programs object whose compiling is stubbed, and its statistics."""
     monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
+    monkeypatch.setattr(program, "_traced", lambda compiled, *_, **__: compiled)
     monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
     statistics = {"program_cache_hits": 0, "programs_compiled": 0,
                   "programs_not_compiled": collections.Counter(),
@@ -582,3 +583,124 @@ def assert_compiled_pattern_matches_eager(loss, variables, rng, dtype):
             assert_gradient_equal(got, want, atol=1e-5)
     stats = tf.stats()
     assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats
+
+
+# -- tables: variables a program only looks rows up in ------------------------
+
+def _lookups_loss(table, weight):
+    """Per instance: two lookups of ``table`` (a list of ids, and one id)
+    whose rows go through products with a row of the instance's own and
+    with ``weight``, in one pattern."""
+    def loss(module, instances):
+        terms = []
+        for ids, other, row in instances:
+            rows = module.nn.embedding_lookup(table, ids) * module.identity(row)
+            hidden = module.tanh(module.matmul(rows, weight)) * module.gather(table, other)
+            terms.append(module.reduce_sum(hidden * hidden))
+        return module.add_n(terms)
+    return loss
+
+
+def _random_ids(rng, count):
+    return [([int(i) for i in rng.integers(0, 6, size=2)], int(rng.integers(0, 6)),
+             rng.normal(size=(1, 3)).astype(np.float32)) for _ in range(count)]
+
+
+def test_a_table_is_captured_and_its_gradient_is_eagers_entries(compiled):
+    """A variable read only by lookups is no argument of the program (a
+    whole read copies a variable that a sparse update has put in
+    copy-on-read mode): the traces gather its rows, and its gradient is
+    eager's IndexedSlices, two lookups in one step included."""
+    rng = np.random.default_rng(31)
+    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+    loss = _lookups_loss(table, weight)
+    for _ in range(3):
+        instances = _random_ids(rng, 4)
+        with tensorflow.GradientTape() as tape:
+            expected = loss(tensorflow, instances)
+        expected_gradients = tape.gradient(expected, [table, weight])
+        with tf.GradientTape() as tape:
+            actual = tf.build(loss(tf, instances))
+        actual_gradients = tape.gradient(actual, [table, weight])
+        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
+        for got, want in zip(actual_gradients, expected_gradients):
+            assert_gradient_equal(got, want, atol=1e-5)
+    assert tf.stats()["program_runs"] >= 1
+    programs = [entry.compiled for entry in program.PROGRAMS._entries.values()
+                if entry.compiled is not None]
+    assert programs
+    for compiled_program in programs:
+        tables = [compiled_program.shared.values[number] for number in compiled_program.tables]
+        assert any(value is table for value in tables)
+        assert all(compiled_program.shared.values[number] is not table
+                   for number in compiled_program.given)
+
+
+def test_a_table_changed_before_the_gradient_gives_eagers_gradient(compiled):
+    """The backward replays the rows the forward looked up, as eager's
+    tape keeps them: a table assigned between the loss and
+    ``tape.gradient`` gives the gradient of the loss computed."""
+    rng = np.random.default_rng(37)
+    start = rng.normal(size=(6, 3)).astype(np.float32)
+    table = tensorflow.Variable(start)
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+    loss = _lookups_loss(table, weight)
+
+    def gradients(module, instances):
+        table.assign(start)
+        with module.GradientTape() as tape:
+            value = loss(module, instances)
+            if module is tf:
+                value = tf.build(value)
+        table.assign(start * 2 + 1)
+        return tape.gradient(value, [table, weight])
+
+    for _ in range(3):
+        instances = _random_ids(rng, 4)
+        for got, want in zip(gradients(tf, instances), gradients(tensorflow, instances)):
+            assert_gradient_equal(got, want, atol=1e-5)
+    assert tf.stats()["program_runs"] >= 1
+
+
+def test_a_program_traces_the_modes_it_runs(compiled):
+    """A program run for inference traces its inference forward alone (no
+    backward); run by a tape later, the same key traces its training
+    functions and gives eager's values and gradients."""
+    rng = np.random.default_rng(41)
+    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+
+    def outputs(module, instances):
+        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, ids), weight))
+                for ids, _, _ in instances]
+
+    for _ in range(3):
+        instances = _random_ids(rng, 4)
+        with tf.batching():
+            actual = outputs(tf, instances)
+        for got, want in zip(actual, outputs(tensorflow, instances)):
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+    programs = [entry.compiled for entry in program.PROGRAMS._entries.values()
+                if entry.compiled is not None]
+    assert programs and all(compiled_program.modes == {False: True}
+                            and not hasattr(compiled_program, "backward")
+                            for compiled_program in programs)
+    tf.reset_stats()
+    for _ in range(2):
+        instances = _random_ids(rng, 4)
+        with tensorflow.GradientTape() as tape:
+            expected = outputs(tensorflow, instances)
+        expected_gradients = tape.gradient(expected, [table, weight])
+        with tf.GradientTape() as tape:
+            actual = outputs(tf, instances)
+        actual_gradients = tape.gradient(actual, [table, weight])
+        for got, want in zip(actual, expected):
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+        for got, want in zip(actual_gradients, expected_gradients):
+            assert_gradient_equal(got, want, atol=1e-5)
+    stats = tf.stats()
+    assert stats["programs_compiled"] == 0 and stats["program_runs"] == 2, stats
+    assert stats["compile_seconds"] > 0
+    assert any(compiled_program.modes == {False: True, True: True}
+               for compiled_program in programs)

@@ -30,6 +30,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     varying.merge_types(graph)
     batches = scheduler.schedule(graph)
     compiled = None
+    recording = program.could_record()
     if compile_after and batches and graph.varying:
         # A program's buffers hold rows of one shape each (plan.py).
         statistics["programs_not_compiled"]["batches over varying lengths"] += 1
@@ -40,7 +41,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
                 f"more than {program.MAX_KINDS} node kinds"] += 1
         else:
             compiled = program.PROGRAMS.compiled_for(the_program, compile_after,
-                                                     statistics)
+                                                     statistics, recording)
         if compiled is not None:
             the_program.fill()
     # The previous minibatch's backward and update ran meanwhile: wait for
@@ -55,7 +56,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     analysed = time.perf_counter()
     if compiled is not None:
         try:
-            program.run(the_program, compiled, graph, statistics, queued)
+            program.run(the_program, compiled, graph, statistics, recording, queued)
         except tf.errors.OpError:
             if queued:
                 # The queue failed earlier (an op refuses a failed queue):

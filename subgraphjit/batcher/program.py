@@ -25,7 +25,14 @@ The call joins the two to the user's tape as one recorded op whose
 gradient is the backward call (what ``tf.custom_gradient`` does, without
 its extra op per output and second read of each variable): the forward
 runs with the tapes paused, reading the variables' values, which the tape
-saw read, and the shared tensors as plain inputs.
+saw read, and the shared tensors as plain inputs.  A variable the program
+only looks rows up in (an embedding: a *table*) is never read whole: the
+traces capture it and gather rows, the forward keeps the rows for the
+backward as it keeps products, and the table's gradient reaches its
+handle as eager's lookups' does.
+
+Inference (no tape) runs a forward of its own that keeps nothing.  Each
+mode's functions are traced when first asked for.
 """
 
 import collections
@@ -48,6 +55,10 @@ try:   # TensorFlow's tape, as tf.custom_gradient uses it (no public API)
     from tensorflow.python.eager import record as _tape
 except ImportError:   # programs then run step by step (_Compiled refuses)
     _tape = None
+try:   # what a variable's sparse_read tells the tapes (no public API)
+    from tensorflow.python.ops.resource_variable_ops import variable_accessed
+except ImportError:   # then a program reads its tables whole
+    variable_accessed = None
 
 # Compiled programs are kept for this many distinct keys (least recently
 # used first out), so a run of ever-new shapes holds a bounded number.
@@ -117,10 +128,12 @@ class Programs:
                 best = compiled
         return best
 
-    def compiled_for(self, program, compile_after, statistics):
+    def compiled_for(self, program, compile_after, statistics, training=True):
         """The compiled form of ``program``, compiling it if its key is now
         ``compile_after`` of the last WINDOW keys, or a relative of a
-        compiled program (RELATIVES); None: run it step by step."""
+        compiled program (RELATIVES); None: run it step by step.  Its
+        functions for ``training`` (a tape could record) or inference are
+        traced once asked for (``_Compiled.trace``)."""
         if not compile_after:
             return None
         key = program.key
@@ -140,14 +153,14 @@ class Programs:
             self._entries.move_to_end(key)
         if entry.compiled is not None:
             statistics["program_cache_hits"] += 1
-            return entry.compiled
+            return _traced(entry.compiled, training, statistics)
         larger = self._compiled_superset(program)
         if larger is not None:
             # A program of more kinds runs this one (its other kinds take
             # no steps): no compile for minibatches that lack a rare kind.
             program.adopt(larger)
             statistics["program_cache_hits"] += 1
-            return larger
+            return _traced(larger, training, statistics)
         relative = (program.relatives in self._compiled_relatives
                     and self.relatives_compiled < RELATIVES)
         if (self._counts[key] >= compile_after or relative) and not entry.tried:
@@ -157,18 +170,36 @@ class Programs:
                 return None
             self.compiles += 1
             self.relatives_compiled += self._counts[key] < compile_after
-            started = time.perf_counter()
             entry.tried = True
+            started = time.perf_counter()
             try:
-                entry.compiled = _Compiled(program)
-                self._compiled_relatives.add(program.relatives)
-                statistics["programs_compiled"] += 1
+                compiled = _Compiled(program)
             except (NoRule, ValueError, TypeError) as reason:
-                # Operands an op refuses in a graph (a dtype TensorFlow
-                # converts only eagerly): this key runs step by step.
                 statistics["programs_not_compiled"][str(reason)] += 1
-            statistics["compile_seconds"] += time.perf_counter() - started
+            else:
+                if _traced(compiled, training, statistics, started) is not None:
+                    entry.compiled = compiled
+                    self._compiled_relatives.add(program.relatives)
+                    statistics["programs_compiled"] += 1
         return entry.compiled
+
+
+def _traced(compiled, training, statistics, started=None):
+    """``compiled`` with its functions for the mode traced, or None if
+    they cannot be: operands an op refuses in a graph (a dtype TensorFlow
+    converts only eagerly) run step by step, in that mode, from then on."""
+    state = compiled.modes.get(training)
+    if state is None:
+        started = time.perf_counter() if started is None else started
+        try:
+            compiled.trace(training)
+            state = True
+        except (NoRule, ValueError, TypeError) as reason:
+            state = str(reason)
+            statistics["programs_not_compiled"][state] += 1
+        compiled.modes[training] = state
+        statistics["compile_seconds"] += time.perf_counter() - started
+    return compiled if state is True else None
 
 
 PROGRAMS = Programs()
@@ -276,6 +307,15 @@ class _Compiled:
             for number in _looked_up(kind, places)
             if is_variable(self.shared.values[number])
             and _trainable(self.shared.values[number].dtype)})
+        # Variables read only as tables of lookups (an embedding): the
+        # traces capture them and gather their rows, never reading one
+        # whole, which copies it once a sparse update (an optimizer's) has
+        # put it in copy-on-read mode: the Tree-LSTM's 7687x300 embedding
+        # took 1.4 ms of a 25-tree inference's 18.  The other shared
+        # values are arguments (``given``).
+        self.tables = [number for number in self.sparse if self._only_looked_up(number)]
+        self.given = [number for number in range(len(self.shared.values))
+                      if number not in self.tables]
         self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
                           if _trainable(dtype)]
         self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
@@ -290,38 +330,87 @@ class _Compiled:
         # The forward keeps each step's products in a list per dtype, at
         # place step * KEPT_PRODUCTS + j for its j-th product; ``kept``:
         # (kind number, j) -> (list number, static shape), as traced.
-        self.product_dtypes = sorted({dtype for dtype, _ in self.buffers if dtype.is_floating},
-                                     key=lambda dtype: dtype.name)
+        # (And the rows looked up in a table, at the same places.)
+        self.product_dtypes = sorted(
+            {dtype for dtype, _ in self.buffers if dtype.is_floating}
+            | {self.shared.values[number].dtype for number in self.tables},
+            key=lambda dtype: dtype.name)
         self.kept = {}
+        self.kept_lookups = {}   # (kind number, j) -> (list number, static shape)
+        # Forward calls so far, and the one whose buffers the variables
+        # hold once the calls made so far have run (_backward's ``restore``).
+        self.forwards = self.holding = 0
+        # Per mode (training: bool), its functions traced (True) or why
+        # they could not be: ``trace``.
+        self.modes = {}
+
+    def _only_looked_up(self, number):
+        """Whether every kind reads shared value ``number`` only as the
+        table of a batched lookup of rows."""
+        value = self.shared.values[number]
+        if (variable_accessed is None or not isinstance(value, tf.Variable)
+                or not value.shape.is_fully_defined()):
+            return False   # (a Keras variable wraps one: read as before)
+        for kind, places in zip(self.kinds, self.shared.places):
+            if number not in _numbers(places):
+                continue
+            if all(operand_kind == SHARED for operand_kind, _ in kind.operands):
+                return False   # run once for all instances, not by the rule
+            for key, place in places.items():
+                if key == "captured":
+                    if any(captured == number and not only for captured, only in zip(
+                            place, kind.entry.pattern.captured_only_looked_up)):
+                        return False
+                elif place == number and key != kind.entry.gathers_from:
+                    return False
+        return True
+
+    def trace(self, training):
+        """Trace the functions of a mode: for training, a forward that
+        keeps its products and lookups, and the backward; for inference,
+        a forward that keeps nothing.  A mode is traced once it is needed:
+        the inference program of a model rarely runs a backward."""
         steps = [tf.TensorSpec((None, self.width), tf.int32),
                  tf.TensorSpec((None,), tf.int32)]
         sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
-        shared = [tf.TensorSpec(value.shape, value.dtype) for value in self.shared.values]
+        given = [tf.TensorSpec(self.shared.values[number].shape,
+                               self.shared.values[number].dtype) for number in self.given]
+        if not training:
+            self.inference = tf.function(
+                lambda *arguments: self._forward(arguments, keep=False), autograph=False,
+                input_signature=steps + sizes + rows + given).get_concrete_function()
+            return
         adjoints = [rows[b] for b in self.trainable]
         lists = [tf.TensorSpec((), tf.variant)] * len(self.product_dtypes)
         self.forward = tf.function(
-            self._forward, autograph=False,
-            input_signature=steps + sizes + rows + shared).get_concrete_function()
+            lambda *arguments: self._forward(arguments, keep=True), autograph=False,
+            input_signature=steps + sizes + rows + given).get_concrete_function()
         self.backward = tf.function(
             self._backward, autograph=False,
-            input_signature=steps + sizes + [tf.TensorSpec((), tf.bool)] + rows + shared
+            input_signature=steps + sizes + [tf.TensorSpec((), tf.bool)] + rows + given
             + adjoints + lists
         ).get_concrete_function()
-        # Forward calls so far, and the one whose buffers the variables
-        # hold once the calls made so far have run (_backward's ``restore``).
-        self.forwards = self.holding = 0
+
+    def _with_tables(self, given):
+        """The shared values inside a trace: those ``given`` as arguments,
+        and the tables, captured."""
+        shared = list(self.shared.values)
+        for number, value in zip(self.given, given):
+            shared[number] = value
+        return shared
 
     # -- the forward -----------------------------------------------------------
-    def _forward(self, *arguments):
+    def _forward(self, arguments, keep):
         """Every buffer, computed: room for the steps' rows (uninitialized:
         each is written by its step before anything reads it; zeros cost
         a pass over the buffer), then the inputs' rows, written step by
-        step; then the lists of the steps' products (``_keep``)."""
+        step; then, with ``keep``, the lists of the steps' products and
+        lookups (``_keep``)."""
         table, rows, sizes = arguments[:3]
         count = len(self.buffers)
         inputs = arguments[3:3 + count]
-        shared = list(arguments[3 + count:])
+        shared = self._with_tables(arguments[3 + count:])
         for b, (dtype, shape) in enumerate(self.buffers):
             given = tf.shape(inputs[b])[0]
             self.values[b].assign(tf.raw_ops.Empty(
@@ -339,7 +428,8 @@ class _Compiled:
                     operand_rows, places = self._indices(kind_number, info, rows)
                     values = self._operands(kind_number, operand_rows, shared)
                     kept = list(lists)
-                    with rules.hooks(products=self._keep(kind_number, s, kept, shared)):
+                    with rules.hooks(**(self._keep(kind_number, s, kept, shared)
+                                        if keep else {})):
                         results = self._run(kind_number, values, shared, info[1])
                     for number, buffer in enumerate(kind.outputs):
                         if buffer is not None:
@@ -353,17 +443,18 @@ class _Compiled:
         lists = [tf.raw_ops.TensorListReserve(element_shape=-1,
                                               num_elements=steps * KEPT_PRODUCTS,
                                               element_dtype=dtype)
-                 for dtype in self.product_dtypes]
+                 for dtype in self.product_dtypes] if keep else []
         done = tf.while_loop(lambda s, *_: s < steps, step, (0, *lists),
                              parallel_iterations=1)
         with tf.control_dependencies(tf.nest.flatten(done)):
             return [value.read_value() for value in self.values] + list(done[1:])
 
     def _keep(self, kind_number, s, lists, shared):
-        """The forward's products hook (``rules.hooks``) for step ``s``: each product
-        computed and put in its dtype's list (``lists``, replaced in place),
-        where the backward's ``_replay`` finds it."""
-        number = itertools.count()
+        """The forward's products and lookups hooks (``rules.hooks``) for
+        step ``s``: each product computed and put in its dtype's list
+        (``lists``, replaced in place), where the backward's ``_replay``
+        finds it; so are the rows looked up in a table."""
+        number = itertools.count()   # the step's products and lookups, in turn
         numbers = {id(value): n for n, value in enumerate(shared)}
 
         def keep(a, b, transpose_b, compute):
@@ -375,12 +466,28 @@ class _Compiled:
                 self.kept[kind_number, j] = _Kept(
                     place, product.shape, numbers.get(id(b)), a.shape[-1], transpose_b)
             return product
-        return keep
 
-    def _replay(self, kind_number, s, trace, local_shared, deferred):
-        """The backward's products hook (``rules.hooks``) for step ``s``: the product
-        the forward kept, with the product's gradient (which reads its
-        operands only, so that the recomputed product is never run).
+        def look_up(table, indices, compute):
+            rows, j = compute(), next(number)
+            if numbers.get(id(table)) not in self.tables:
+                return rows
+            if j >= KEPT_PRODUCTS:
+                raise NoRule(f"more than {KEPT_PRODUCTS} products and lookups in a step")
+            place = self.product_dtypes.index(rows.dtype)
+            lists[place] = tf.raw_ops.TensorListSetItem(
+                input_handle=lists[place], index=s * KEPT_PRODUCTS + j, item=rows)
+            self.kept_lookups[kind_number, j] = (place, rows.shape)
+            return rows
+        return {"products": keep, "lookups": look_up}
+
+    def _replay(self, kind_number, s, trace, local_shared, deferred, tape, looked):
+        """The backward's products and lookups hooks (``rules.hooks``) for
+        step ``s``.  A product: the one the forward kept, with the
+        product's gradient (which reads its operands only, so that the
+        recomputed product is never run).  Rows of a table: those the
+        forward looked up, watched by the step's ``tape`` and put in
+        ``looked`` as (table number, rows, indices), whose gradient
+        becomes the table's entries.
 
         Two things make that gradient cheaper than TensorFlow's own for a
         shared weight: the rows' gradient multiplies by the weight
@@ -393,6 +500,7 @@ class _Compiled:
         product's upstream rows in ``deferred`` instead of computing and
         adding a weight-sized product."""
         number = itertools.count()
+        numbers = {id(value): n for n, value in enumerate(local_shared)}
 
         def replay(a, b, transpose_b, compute):
             j = next(number)
@@ -424,7 +532,20 @@ class _Compiled:
 
             _tape.record_operation("MatMul", [product], [a, b], gradient)
             return product
-        return replay
+
+        def look_up(table, indices, compute):
+            j, table_number = next(number), numbers.get(id(table))
+            if table_number not in self.tables:
+                return compute()
+            place, shape = self.kept_lookups[kind_number, j]
+            rows = tf.raw_ops.TensorListGetItem(
+                input_handle=trace.lists[place], index=s * KEPT_PRODUCTS + j,
+                element_shape=-1, element_dtype=self.product_dtypes[place])
+            rows.set_shape(shape)
+            tape.watch(rows)
+            looked.append((table_number, rows, indices))
+            return rows
+        return {"products": replay, "lookups": look_up}
 
     def _switch(self, kind_number, branch):
         if len(self.kinds) == 1:
@@ -507,7 +628,7 @@ class _Compiled:
         copying them in every time took 4 of a 256-tree backward's 59 ms."""
         table, rows, sizes, restore = arguments[:4]
         arguments = arguments[:3] + arguments[4:]
-        count, shared_count = len(self.buffers), len(self.shared.values)
+        count, given_count = len(self.buffers), len(self.given)
         buffers = arguments[3:3 + count]
 
         def put_back():
@@ -515,9 +636,9 @@ class _Compiled:
                 variable.assign(buffer)
             return tf.constant(True)
         tf.cond(restore, put_back, lambda: tf.constant(False))
-        shared = list(arguments[3 + count:3 + count + shared_count])
-        upstreams = arguments[3 + count + shared_count:][:len(self.trainable)]
-        lists = arguments[3 + count + shared_count + len(self.trainable):]
+        shared = self._with_tables(arguments[3 + count:3 + count + given_count])
+        upstreams = arguments[3 + count + given_count:][:len(self.trainable)]
+        lists = arguments[3 + count + given_count + len(self.trainable):]
         trace = _Trace(rows, shared, lists, {
             kept.shared: tf.transpose(shared[kept.shared])
             for kept in self.kept.values()
@@ -563,7 +684,7 @@ class _Compiled:
                              parallel_iterations=1)
         entries, weights = done[1], done[2]
         with tf.control_dependencies(tf.nest.flatten(done)):
-            gradients = [tf.zeros([0], tf.float32)] * shared_count   # (none)
+            gradients = [tf.zeros([0], tf.float32)] * len(shared)   # (none)
             for number, total in self.sums.items():
                 gradients[number] = total.read_value()
             for place, kept in enumerate(sites.values()):
@@ -593,7 +714,8 @@ class _Compiled:
         kind, shared = self.kinds[kind_number], trace.shared
         operand_rows, places = self._indices(kind_number, info, trace.rows)
         used = sorted({number for number in _numbers(self.shared.places[kind_number])
-                       if _trainable(shared[number].dtype)})
+                       if _trainable(shared[number].dtype) and number not in self.tables})
+        looked = []
         with tf.GradientTape() as tape:
             local_shared = list(shared)
             for number in used:   # fresh tensors: a gradient of this step only
@@ -606,8 +728,8 @@ class _Compiled:
             for position in watched:
                 tape.watch(values[position])
             deferred = {}
-            with rules.hooks(products=self._replay(kind_number, s, trace, local_shared,
-                                                   deferred),
+            with rules.hooks(**self._replay(kind_number, s, trace, local_shared,
+                                            deferred, tape, looked),
                              rows=_rows_op):
                 results = self._run(kind_number, values, local_shared, info[1])
         outputs, upstream = [], []
@@ -616,20 +738,26 @@ class _Compiled:
                 outputs.append(results[number])
                 upstream.append(self.adjoints[buffer].sparse_read(places[number]))
         sources = [values[position] for position in watched] + [
-            local_shared[number] for number in used]
+            local_shared[number] for number in used] + [rows for _, rows, _ in looked]
         gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
                      if outputs and sources else [None] * len(sources))
+        of_rows = gradients[len(watched) + len(used):]
         for position, gradient in zip(watched, gradients):
             if gradient is not None:
                 self.adjoints[kind.operands[position][1]].scatter_add(tf.IndexedSlices(
                     tf.convert_to_tensor(gradient), operand_rows[position]))
-        of_shared = dict(zip(used, gradients[len(watched):]))
+        of_shared = dict(zip(used, gradients[len(watched):len(watched) + len(used)]))
         for number, total in self.sums.items():
             if of_shared.get(number) is not None:
                 total.assign_add(tf.convert_to_tensor(of_shared[number]))
         entries = list(entries)
         for place, number in enumerate(self.sparse):
             gradient = of_shared.get(number)
+            if number in self.tables:
+                gradient = _entries(shared[number], [
+                    (indices, rows_gradient) for (table_number, _, indices), rows_gradient
+                    in zip(looked, of_rows)
+                    if table_number == number and rows_gradient is not None])
             if gradient is None:   # nothing looked up: an empty entry list
                 values_part = tf.zeros((0, *shared[number].shape[1:]), shared[number].dtype)
                 indices_part = tf.zeros((0,), tf.int32)
@@ -667,20 +795,25 @@ class _Compiled:
         # A variable's read is an op the tape records (and a
         # tf.custom_gradient's VariableWatcher sees): the gradient given
         # for the value read reaches the variable, an IndexedSlices as is.
-        shared = [tf.convert_to_tensor(value) if is_variable(value) else value
-                  for value in values]
+        given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
+                 else values[number] for number in self.given]
         self.forwards += 1
         this_forward = self.holding = self.forwards
         if not recording:   # inference: no gradient to join to a tape
-            return overlap.call(self.forward, [*arrays, *inputs, *shared])[:len(self.buffers)]
+            return overlap.call(self.inference, [*arrays, *inputs, *given])
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
+        # A table the tapes see looked up, as a sparse_read tells them:
+        # its gradient, for its handle, reaches the variable.
+        tables = [number for number in self.tables if number in used]
+        for number in tables:
+            variable_accessed(values[number])
         with _tape.stop_recording():
-            outputs = overlap.call(self.forward, [*arrays, *inputs, *shared])
+            outputs = overlap.call(self.forward, [*arrays, *inputs, *given])
         buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
 
         def gradient(*upstream):
@@ -693,18 +826,20 @@ class _Compiled:
             self.holding = this_forward
             # (Queued since GradientTape.gradient: overlap.py.)
             input_gradients, shared_gradients = overlap.call(
-                self.backward, [*arrays, restore, *buffers, *shared, *adjoints, *lists])
+                self.backward, [*arrays, restore, *buffers, *given, *adjoints, *lists])
             by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
-                _gradient(value, gradient) if number in used else None
-                for number, (value, gradient) in enumerate(zip(shared, shared_gradients))]
+                _gradient(value, shared_gradients[number]) if number in used else None
+                for number, value in zip(self.given, given)] + [
+                _gradient(values[number], shared_gradients[number]) for number in tables]
 
         # One op on the tapes watching its inputs: the program, whose
         # gradient is the backward call (upstream per output -> one per
         # input, or None).  The forward ran with the tapes paused, so they
         # hold none of the loop's ops.
         _tape.record_operation("subgraphjit_program", buffers,
-                               [inputs[b] for b in carried] + shared, gradient)
+                               [inputs[b] for b in carried] + given
+                               + [values[number].handle for number in tables], gradient)
         return buffers
 
     def _inputs(self, program, buffer):
@@ -762,10 +897,26 @@ def _gradient(value, gradient):
         return None
     if isinstance(gradient, tuple):   # entries of looked-up rows
         values, indices = gradient
-        dense_shape = tf.shape(value, out_type=tf.int32)
-        overlap.promise(dense_shape, [len(value.shape)])
+        if is_variable(value):   # a table: its shape is static
+            dense_shape = tf.constant(value.shape.as_list(), tf.int32)
+        else:
+            dense_shape = tf.shape(value, out_type=tf.int32)
+            overlap.promise(dense_shape, [len(value.shape)])
         return tf.IndexedSlices(values, indices, dense_shape)
     return gradient
+
+
+def _entries(table, parts):
+    """A table's entries from the rows of its lookups in a step: per
+    lookup, (indices, the gradient of its rows); None for none."""
+    if not parts:
+        return None
+    values = [tf.reshape(tf.convert_to_tensor(gradient), (-1, *table.shape[1:]))
+              for _, gradient in parts]
+    indices = [tf.reshape(tf.cast(indices, tf.int32), (-1,)) for indices, _ in parts]
+    if len(parts) == 1:
+        return tf.IndexedSlices(values[0], indices[0])
+    return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0))
 
 
 def _looked_up(kind, places):
@@ -819,7 +970,7 @@ def _each_instance(kind, values, flags, count):
     return results if op_entry.multi_output else results[0]
 
 
-def run(program, compiled, graph, statistics, queued=False):
+def run(program, compiled, graph, statistics, recording, queued=False):
     """Run ``program`` with its compiled form and leave each node's value as
     its row of a buffer (``_native.write_back``: a loop over every node).
     A node with an output not kept is marked swallowed (like a node inside
@@ -827,8 +978,7 @@ def run(program, compiled, graph, statistics, queued=False):
     someone asks; a multi-output node's kept outputs' access nodes have
     rows of their own).  ``queued``: the call is queued (overlap.py), so
     the operands the nodes drop are held until it has run
-    (``overlap.hold``)."""
-    recording = could_record()
+    (``overlap.hold``).  ``recording``: a tape could record (``could_record``)."""
     outputs = compiled(program, recording)
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)

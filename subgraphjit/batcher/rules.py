@@ -94,11 +94,11 @@ def _same_rows(*operands):
 
 
 # Where a compiled program's trace routes some ops (``hooks``).
-_hooks = {"products": None, "rows": None}
+_hooks = {"products": None, "rows": None, "lookups": None}
 
 
 @contextlib.contextmanager
-def hooks(products=None, rows=None):
+def hooks(products=None, rows=None, lookups=None):
     """While a compiled program traces this block, route through
     ``products(a, b, transpose_b, compute)`` every plain product a batch
     rule traces, which returns the product of the rows ``a`` and the
@@ -108,9 +108,12 @@ def hooks(products=None, rows=None):
     needs its operands, not its value, but the ops after it in a pattern
     need the value).  And route through ``rows(name, x, y, compute)`` each
     binary op of ``ROWS_GRADIENTS`` on two operands of the same rows: the
-    backward records it with its gradient for that case."""
+    backward records it with its gradient for that case.  And through
+    ``lookups(table, indices, compute)`` each lookup of rows of a shared
+    table: the forward keeps the rows of the variables it captured, the
+    backward replays them and takes their gradient as entries."""
     outer = dict(_hooks)
-    _hooks.update(products=products, rows=rows)
+    _hooks.update(products=products, rows=rows, lookups=lookups)
     try:
         yield
     finally:
@@ -277,14 +280,14 @@ def gather_rule(entry, attrs, values, shared, ranks, output_spec, count):
         if options.get("max_norm") is not None:
             raise NoRule("embedding lookup with max_norm")
         if params_shared:
-            return entry.call(values, attrs)  # one lookup of all instances' ids
+            return _lookup(entry, attrs, values)  # one lookup of all instances' ids
         # Per-instance tables: a gather along each instance's first axis.
         return tf.gather(values[0], values[1], axis=1,
                          batch_dims=0 if indices_shared else 1)
     if params_shared:
         if axis != 0 or batch_dims != 0:
             raise NoRule("gather from a shared table along a later axis")
-        return entry.call(values, attrs)
+        return _lookup(entry, attrs, values)
     if axis < 0:
         axis += ranks[0]
     if indices_shared:
@@ -293,6 +296,14 @@ def gather_rule(entry, attrs, values, shared, ranks, output_spec, count):
         return entry.call(values, _with(attrs, entry, axis=axis + 1))
     return entry.call(values, _with(attrs, entry, axis=axis + 1,
                                   batch_dims=batch_dims + 1))
+
+
+def _lookup(entry, attrs, values):
+    """Rows of a shared table, through the ``lookups`` hook."""
+    hook = _hooks["lookups"]
+    if hook is None:
+        return entry.call(values, attrs)
+    return hook(values[0], values[1], lambda: entry.call(values, attrs))
 
 
 def _split(attrs, rank, output_spec, count, entry):

@@ -28,6 +28,7 @@ A ``FusedPattern`` runs two patterns, one reading the other's outputs, as
 one compiled function (see ``search.py`` for when they are joined).
 """
 
+import collections
 import dataclasses
 import inspect
 import itertools
@@ -236,6 +237,19 @@ class Pattern(_Compiled):
                  if step.name in self.variable_lookups}
         return [name in names for name in self.captured]
 
+    @property
+    def captured_only_looked_up(self):
+        """Per captured value, in that order: is it read only as the table
+        of lookups of its rows (a compiled program then never reads it
+        whole)?"""
+        reads = collections.defaultdict(set)   # name -> is each read a lookup?
+        for step in self.steps:
+            for position, (kind, name) in enumerate(step.operands):
+                if kind == "name" and name in self.captured:
+                    reads[name].add(step.name in self.variable_lookups
+                                    and position == step.entry.gathers_from)
+        return [reads.get(name) == {True} for name in self.captured]
+
     def stacked_body(self, argument_specs):
         """The pattern as a function of its stacked arguments (a list), each
         line through its op's batch rule; optionally given the values to use
@@ -370,6 +384,11 @@ class FusedPattern(_Compiled):
     @property
     def captured_looked_up(self):
         return self.producer.captured_looked_up + self.consumer.captured_looked_up
+
+    @property
+    def captured_only_looked_up(self):
+        return (self.producer.captured_only_looked_up
+                + self.consumer.captured_only_looked_up)
 
 
 def _spec_key(value):
