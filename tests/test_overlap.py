@@ -56,6 +56,28 @@ def test_training_equals_eager_and_reads_see_the_update(optimizer, overlapping, 
     assert queued == (len(minibatches) if overlapping else 0)
 
 
+def test_the_updates_shape_checks_wait_for_no_queued_gradient(compiled, monkeypatch):
+    """``apply_gradients`` checks the gradients' shapes while the backward
+    is queued: every tensor it asks is one whose shape was promised (the
+    embedding's IndexedSlices' dense shape included), so none waits."""
+    asked = []
+    shape_of = overlap.shape_of
+
+    def checked_shape_of(tensor):
+        promised = getattr(overlap._thread, "promised", None) or {}
+        asked.append(not overlap.active() or id(tensor) in promised)
+        return shape_of(tensor)
+
+    monkeypatch.setattr(overlap, "shape_of", checked_shape_of)
+    rng = np.random.default_rng(19)
+    model = MODELS["tree_lstm"](rng)
+    optimizer = tf.keras.optimizers.Adagrad(0.05)
+    for _ in range(4):
+        float(step(tf, model, optimizer, model.random_examples(rng, 3)))
+    assert tf.stats()["program_runs"] >= 2
+    assert asked and all(asked), asked
+
+
 def test_an_error_in_the_asynchronous_stretch_is_raised_at_the_next_evaluation(compiled):
     rng = np.random.default_rng(5)
     model = MODELS["tree_lstm"](rng)

@@ -901,7 +901,9 @@ def _gradient(value, gradient):
             dense_shape = tf.constant(value.shape.as_list(), tf.int32)
         else:
             dense_shape = tf.shape(value, out_type=tf.int32)
-            overlap.promise(dense_shape, [len(value.shape)])
+        # (A tensor made while ops are queued, even a constant, waits for
+        # them when asked for its shape.)
+        overlap.promise(dense_shape, [len(value.shape)])
         return tf.IndexedSlices(values, indices, dense_shape)
     return gradient
 
