@@ -212,9 +212,9 @@ class _Kept(collections.namedtuple(
     and whether the shared operand is transposed."""
 
 
-class _Trace(collections.namedtuple("_Trace", "rows shared lists transposed sites")):
+class _Trace(collections.namedtuple("_Trace", "rows buffers shared lists transposed sites")):
     """What every step of the backward's trace reads: the operand rows, the
-    shared values, the forward's lists of products, each shared weight
+    forward's buffers, the shared values, the forward's lists of products, each shared weight
     transposed, by number, and the weight sites: the kept products, by
     (kind number, product number), whose shared operand's gradient is a
     sum over the steps, made one product of all steps' rows after the loop
@@ -337,9 +337,6 @@ class _Compiled:
             key=lambda dtype: dtype.name)
         self.kept = {}
         self.kept_lookups = {}   # (kind number, j) -> (list number, static shape)
-        # Forward calls so far, and the one whose buffers the variables
-        # hold once the calls made so far have run (_backward's ``restore``).
-        self.forwards = self.holding = 0
         # Per mode (training: bool), its functions traced (True) or why
         # they could not be: ``trace``.
         self.modes = {}
@@ -388,7 +385,7 @@ class _Compiled:
             input_signature=steps + sizes + rows + given).get_concrete_function()
         self.backward = tf.function(
             self._backward, autograph=False,
-            input_signature=steps + sizes + [tf.TensorSpec((), tf.bool)] + rows + given
+            input_signature=steps + sizes + rows + given
             + adjoints + lists
         ).get_concrete_function()
 
@@ -413,6 +410,12 @@ class _Compiled:
         shared = self._with_tables(arguments[3 + count:])
         for b, (dtype, shape) in enumerate(self.buffers):
             given = tf.shape(inputs[b])[0]
+            # The last call's scatters left the variable in copy-on-read
+            # mode, where this assign would copy the new buffer and the
+            # read at the end copy it again (3 of a 256-tree forward's 48
+            # ms); out of it, the assign adopts the buffer and the read
+            # shares it.  (The buffer the last read shares stays its own.)
+            tf.raw_ops.DisableCopyOnRead(resource=self.values[b].handle)
             self.values[b].assign(tf.raw_ops.Empty(
                 shape=tf.concat([[sizes[b] + given], tf.constant(shape, tf.int32)], 0),
                 dtype=dtype, init=False))
@@ -426,7 +429,7 @@ class _Compiled:
                 def run():
                     kind = self.kinds[kind_number]
                     operand_rows, places = self._indices(kind_number, info, rows)
-                    values = self._operands(kind_number, operand_rows, shared)
+                    values = self._operands(kind_number, operand_rows, shared, self.values)
                     kept = list(lists)
                     with rules.hooks(**(self._keep(kind_number, s, kept, shared)
                                         if keep else {})):
@@ -447,6 +450,8 @@ class _Compiled:
         done = tf.while_loop(lambda s, *_: s < steps, step, (0, *lists),
                              parallel_iterations=1)
         with tf.control_dependencies(tf.nest.flatten(done)):
+            for value in self.values:
+                tf.raw_ops.DisableCopyOnRead(resource=value.handle)
             return [value.read_value() for value in self.values] + list(done[1:])
 
     def _keep(self, kind_number, s, lists, shared):
@@ -584,13 +589,15 @@ class _Compiled:
                   for number, buffer in enumerate(kind.outputs)]
         return operand_rows, places
 
-    def _operands(self, kind_number, operand_rows, shared):
-        """Each operand of a step: its rows gathered, or the shared value."""
+    def _operands(self, kind_number, operand_rows, shared, buffers):
+        """Each operand of a step: its rows gathered from ``buffers`` (the
+        variables being written, or the tensors a forward gave), or the
+        shared value."""
         values = []
         places = self.shared.places[kind_number]
         for position, (operand_kind, value) in enumerate(self.kinds[kind_number].operands):
             if operand_kind == ROWS:
-                values.append(self.values[value].sparse_read(operand_rows[position]))
+                values.append(tf.gather(buffers[value], operand_rows[position]))
             elif position in places:
                 values.append(shared[places[position]])
             else:
@@ -620,26 +627,16 @@ class _Compiled:
     # -- the backward ----------------------------------------------------------
     def _backward(self, *arguments):
         """Gradients of the inputs' rows and of the shared values, given the
-        forward's final buffers, each trainable buffer's upstream gradient
-        and the forward's lists of products.  The steps read the buffers'
-        rows from the program's variables, where the forward left them;
-        ``restore`` puts them back when another forward of this program
-        ran since (two losses of one tape, or an inference in between):
-        copying them in every time took 4 of a 256-tree backward's 59 ms."""
-        table, rows, sizes, restore = arguments[:4]
-        arguments = arguments[:3] + arguments[4:]
+        forward's final buffers (whose rows the steps read: another forward
+        may have run since), each trainable buffer's upstream gradient and
+        the forward's lists of products."""
+        table, rows, sizes = arguments[:3]
         count, given_count = len(self.buffers), len(self.given)
         buffers = arguments[3:3 + count]
-
-        def put_back():
-            for variable, buffer in zip(self.values, buffers):
-                variable.assign(buffer)
-            return tf.constant(True)
-        tf.cond(restore, put_back, lambda: tf.constant(False))
         shared = self._with_tables(arguments[3 + count:3 + count + given_count])
         upstreams = arguments[3 + count + given_count:][:len(self.trainable)]
         lists = arguments[3 + count + given_count + len(self.trainable):]
-        trace = _Trace(rows, shared, lists, {
+        trace = _Trace(rows, buffers, shared, lists, {
             kept.shared: tf.transpose(shared[kept.shared])
             for kept in self.kept.values()
             if kept.shared is not None and not kept.transpose_b}, {
@@ -721,7 +718,7 @@ class _Compiled:
             for number in used:   # fresh tensors: a gradient of this step only
                 local_shared[number] = tf.identity(shared[number])
                 tape.watch(local_shared[number])
-            values = self._operands(kind_number, operand_rows, local_shared)
+            values = self._operands(kind_number, operand_rows, local_shared, trace.buffers)
             watched = [position for position, (operand_kind, buffer)
                        in enumerate(kind.operands)
                        if operand_kind == ROWS and buffer in self.adjoints]
@@ -797,8 +794,6 @@ class _Compiled:
         # for the value read reaches the variable, an IndexedSlices as is.
         given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
                  else values[number] for number in self.given]
-        self.forwards += 1
-        this_forward = self.holding = self.forwards
         if not recording:   # inference: no gradient to join to a tape
             return overlap.call(self.inference, [*arrays, *inputs, *given])
         carried = [b for b in self.trainable if program.input_nodes[b]]
@@ -820,13 +815,9 @@ class _Compiled:
             adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
                         else tf.convert_to_tensor(upstream[b])
                         for b in self.trainable]
-            # (Calls run in the order made: what the variables hold when
-            # this backward runs is known now.)
-            restore = tf.constant(self.holding != this_forward)
-            self.holding = this_forward
             # (Queued since GradientTape.gradient: overlap.py.)
             input_gradients, shared_gradients = overlap.call(
-                self.backward, [*arrays, restore, *buffers, *given, *adjoints, *lists])
+                self.backward, [*arrays, *buffers, *given, *adjoints, *lists])
             by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
                 _gradient(value, shared_gradients[number]) if number in used else None
