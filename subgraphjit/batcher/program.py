@@ -429,7 +429,9 @@ class _Compiled:
                 def run():
                     kind = self.kinds[kind_number]
                     operand_rows, places = self._indices(kind_number, info, rows)
-                    values = self._operands(kind_number, operand_rows, shared, self.values)
+                    gathered = [tf.gather(self.values[buffer], flat)
+                                for buffer, _, flat in operand_rows]
+                    values = self._operands(kind_number, operand_rows, gathered, shared)
                     kept = list(lists)
                     with rules.hooks(**(self._keep(kind_number, s, kept, shared)
                                         if keep else {})):
@@ -572,36 +574,59 @@ class _Compiled:
         return outputs
 
     def _indices(self, kind_number, info, rows):
-        """A step's operand rows (by position) and output rows, from its
-        part of the step table (``info``): a few ops, not a few per
-        operand (every op in the loop costs microseconds per step)."""
+        """A step's operand rows and output rows, from its part of the step
+        table (``info``): a few ops, not a few per operand (every op in
+        the loop costs microseconds per step).  Operand rows: per buffer
+        the kind reads, (the buffer, its positions, their rows, each
+        position's in turn), so that one gather reads them all: the loss's
+        ``add_n`` of a 256-tree minibatch has 256 positions of one buffer,
+        whose gathers and gradients were a third of its program's trace."""
         count, start = info[1], info[2]
         kind = self.kinds[kind_number]
         positions = [position for position, (operand_kind, _) in enumerate(kind.operands)
                      if operand_kind == ROWS]
-        operand_rows = {}
+        groups = {}   # buffer -> [(place among the positions, position)]
+        for place, position in enumerate(positions):
+            groups.setdefault(kind.operands[position][1], []).append((place, position))
+        operand_rows = []
         if positions:
             block = tf.gather(rows, tf.range(start, start + len(positions) * count))
-            operand_rows = dict(zip(positions, tf.unstack(
-                tf.reshape(block, [len(positions), -1]), num=len(positions))))
+            if len(groups) > 1:
+                matrix = tf.reshape(block, [len(positions), -1])
+                single = tf.unstack(matrix, num=len(positions))
+            for buffer, members in groups.items():
+                if len(groups) == 1:
+                    flat = block
+                elif len(members) == 1:
+                    flat = single[members[0][0]]
+                else:
+                    flat = tf.reshape(tf.gather(matrix, [place for place, _ in members]), [-1])
+                operand_rows.append((buffer, [position for _, position in members], flat))
         places = [None if buffer is None else tf.range(info[3 + number],
                                                        info[3 + number] + count)
                   for number, buffer in enumerate(kind.outputs)]
         return operand_rows, places
 
-    def _operands(self, kind_number, operand_rows, shared, buffers):
-        """Each operand of a step: its rows gathered from ``buffers`` (the
-        variables being written, or the tensors a forward gave), or the
-        shared value."""
-        values = []
+    def _operands(self, kind_number, operand_rows, gathered, shared):
+        """Each operand of a step: its rows, from those ``gathered`` per
+        group of ``operand_rows`` (``_indices``), or the shared value."""
+        kind = self.kinds[kind_number]
+        values = [None] * len(kind.operands)
+        for (buffer, members, _), rows_read in zip(operand_rows, gathered):
+            if len(members) == 1:
+                values[members[0]] = rows_read
+                continue
+            shape = self.buffers[buffer][1]
+            parts = tf.unstack(tf.reshape(rows_read, [len(members), -1, *shape]),
+                               num=len(members))
+            for position, part in zip(members, parts):
+                values[position] = part
         places = self.shared.places[kind_number]
-        for position, (operand_kind, value) in enumerate(self.kinds[kind_number].operands):
+        for position, (operand_kind, value) in enumerate(kind.operands):
             if operand_kind == ROWS:
-                values.append(tf.gather(buffers[value], operand_rows[position]))
-            elif position in places:
-                values.append(shared[places[position]])
-            else:
-                values.append(value)   # a Python number
+                continue
+            values[position] = (shared[places[position]] if position in places
+                                else value)   # else a Python number
         return values
 
     def _run(self, kind_number, values, shared, count):
@@ -718,12 +743,13 @@ class _Compiled:
             for number in used:   # fresh tensors: a gradient of this step only
                 local_shared[number] = tf.identity(shared[number])
                 tape.watch(local_shared[number])
-            values = self._operands(kind_number, operand_rows, local_shared, trace.buffers)
-            watched = [position for position, (operand_kind, buffer)
-                       in enumerate(kind.operands)
-                       if operand_kind == ROWS and buffer in self.adjoints]
-            for position in watched:
-                tape.watch(values[position])
+            gathered = [tf.gather(trace.buffers[buffer], flat)
+                        for buffer, _, flat in operand_rows]
+            watched = [number for number, (buffer, _, _) in enumerate(operand_rows)
+                       if buffer in self.adjoints]
+            for number in watched:
+                tape.watch(gathered[number])
+            values = self._operands(kind_number, operand_rows, gathered, local_shared)
             deferred = {}
             with rules.hooks(**self._replay(kind_number, s, trace, local_shared,
                                             deferred, tape, looked),
@@ -734,15 +760,16 @@ class _Compiled:
             if buffer in self.adjoints:
                 outputs.append(results[number])
                 upstream.append(self.adjoints[buffer].sparse_read(places[number]))
-        sources = [values[position] for position in watched] + [
+        sources = [gathered[number] for number in watched] + [
             local_shared[number] for number in used] + [rows for _, rows, _ in looked]
         gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
                      if outputs and sources else [None] * len(sources))
         of_rows = gradients[len(watched) + len(used):]
-        for position, gradient in zip(watched, gradients):
+        for number, gradient in zip(watched, gradients):
             if gradient is not None:
-                self.adjoints[kind.operands[position][1]].scatter_add(tf.IndexedSlices(
-                    tf.convert_to_tensor(gradient), operand_rows[position]))
+                buffer, _, flat = operand_rows[number]
+                self.adjoints[buffer].scatter_add(tf.IndexedSlices(
+                    tf.convert_to_tensor(gradient), flat))
         of_shared = dict(zip(used, gradients[len(watched):len(watched) + len(used)]))
         for number, total in self.sums.items():
             if of_shared.get(number) is not None:
