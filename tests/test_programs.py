@@ -606,6 +606,27 @@ def _random_ids(rng, count):
              rng.normal(size=(1, 3)).astype(np.float32)) for _ in range(count)]
 
 
+def _assert_as_eager(function, instances, variables):
+    """``function(module, instances)`` (a value, or a list of them) and its
+    gradients for ``variables``: subgraphjit's are eager TensorFlow's."""
+    with tensorflow.GradientTape() as tape:
+        expected = function(tensorflow, instances)
+    expected_gradients = tape.gradient(expected, variables)
+    with tf.GradientTape() as tape:
+        actual = function(tf, instances)
+    actual_gradients = tape.gradient(actual, variables)
+    pairs = zip(actual, expected) if isinstance(actual, list) else [(actual, expected)]
+    for got, want in pairs:
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+    for got, want in zip(actual_gradients, expected_gradients):
+        assert_gradient_equal(got, want, atol=1e-5)
+
+
+def _compiled_programs():
+    return [entry.compiled for entry in program.PROGRAMS._entries.values()
+            if entry.compiled is not None]
+
+
 def test_a_table_is_captured_and_its_gradient_is_eagers_entries(compiled):
     """A variable read only by lookups is no argument of the program (a
     whole read copies a variable that a sparse update has put in
@@ -616,19 +637,9 @@ def test_a_table_is_captured_and_its_gradient_is_eagers_entries(compiled):
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
     loss = _lookups_loss(table, weight)
     for _ in range(3):
-        instances = _random_ids(rng, 4)
-        with tensorflow.GradientTape() as tape:
-            expected = loss(tensorflow, instances)
-        expected_gradients = tape.gradient(expected, [table, weight])
-        with tf.GradientTape() as tape:
-            actual = tf.build(loss(tf, instances))
-        actual_gradients = tape.gradient(actual, [table, weight])
-        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
-        for got, want in zip(actual_gradients, expected_gradients):
-            assert_gradient_equal(got, want, atol=1e-5)
+        _assert_as_eager(loss, _random_ids(rng, 4), [table, weight])
     assert tf.stats()["program_runs"] >= 1
-    programs = [entry.compiled for entry in program.PROGRAMS._entries.values()
-                if entry.compiled is not None]
+    programs = _compiled_programs()
     assert programs
     for compiled_program in programs:
         tables = [compiled_program.shared.values[number] for number in compiled_program.tables]
@@ -681,24 +692,13 @@ def test_a_program_traces_the_modes_it_runs(compiled):
             actual = outputs(tf, instances)
         for got, want in zip(actual, outputs(tensorflow, instances)):
             np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
-    programs = [entry.compiled for entry in program.PROGRAMS._entries.values()
-                if entry.compiled is not None]
+    programs = _compiled_programs()
     assert programs and all(compiled_program.modes == {False: True}
                             and not hasattr(compiled_program, "backward")
                             for compiled_program in programs)
     tf.reset_stats()
     for _ in range(2):
-        instances = _random_ids(rng, 4)
-        with tensorflow.GradientTape() as tape:
-            expected = outputs(tensorflow, instances)
-        expected_gradients = tape.gradient(expected, [table, weight])
-        with tf.GradientTape() as tape:
-            actual = outputs(tf, instances)
-        actual_gradients = tape.gradient(actual, [table, weight])
-        for got, want in zip(actual, expected):
-            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
-        for got, want in zip(actual_gradients, expected_gradients):
-            assert_gradient_equal(got, want, atol=1e-5)
+        _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
     stats = tf.stats()
     assert stats["programs_compiled"] == 0 and stats["program_runs"] == 2, stats
     assert stats["compile_seconds"] > 0
