@@ -704,3 +704,22 @@ def test_a_program_traces_the_modes_it_runs(compiled):
     assert stats["compile_seconds"] > 0
     assert any(compiled_program.modes == {False: True, True: True}
                for compiled_program in programs)
+
+
+def test_a_gather_along_a_later_axis_reads_its_variable_whole(compiled):
+    """A gather from a shared variable along its second axis is no lookup
+    of rows: the rule refuses it, the step repeats the variable per
+    instance, and its gradient is eager's (the variable is no table)."""
+    tf.set_parameter("granularity", "op")
+    rng = np.random.default_rng(43)
+    table = tensorflow.Variable(rng.normal(size=(3, 6)).astype(np.float32))
+
+    def loss(module, instances):
+        return module.add_n([
+            module.reduce_sum(module.tanh(module.gather(table, ids, axis=1) * row[:, :2]))
+            for ids, _, row in instances])
+
+    for _ in range(3):
+        _assert_as_eager(loss, _random_ids(rng, 4), [table])
+    assert tf.stats()["program_runs"] >= 1
+    assert all(not compiled_program.tables for compiled_program in _compiled_programs())

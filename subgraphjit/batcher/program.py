@@ -358,7 +358,8 @@ class _Compiled:
                     if any(captured == number and not only for captured, only in zip(
                             place, kind.entry.pattern.captured_only_looked_up)):
                         return False
-                elif place == number and key != kind.entry.gathers_from:
+                elif place == number and not (key == kind.entry.gathers_from
+                                              and kind.entry.looks_up_rows(kind.attrs)):
                     return False
         return True
 
@@ -945,7 +946,7 @@ def _looked_up(kind, places):
     if op_entry.node_kind in PATTERN_KINDS:
         return [number for number, looked_up in
                 zip(places["captured"], op_entry.pattern.captured_looked_up) if looked_up]
-    if op_entry.gathers_from is not None and op_entry.gathers_from in places:
+    if op_entry.looks_up_rows(kind.attrs) and op_entry.gathers_from in places:
         return [places[op_entry.gathers_from]]
     return []
 

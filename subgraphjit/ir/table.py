@@ -89,6 +89,16 @@ class OpEntry:
         self.tensor_params = ()
         self.attr_params = ()
 
+    def looks_up_rows(self, attrs):
+        """Whether a node of this op with ``attrs`` looks rows of its
+        ``gathers_from`` operand up: a ``tf.gather`` along another axis,
+        or with ``batch_dims``, reads a variable whole, and eager
+        TensorFlow gives it a dense gradient."""
+        if self.gathers_from is None:
+            return False
+        options = dict(zip(self.attr_params, attrs))
+        return not options.get("axis") and not options.get("batch_dims")
+
     def __repr__(self):
         return f"OpEntry({self.name})"
 

@@ -177,7 +177,7 @@ class Pattern(_Compiled):
         # so that the gradient has an entry per instance, as eager's has.
         self.variable_lookups = {
             step.name for step in self.steps
-            if step.entry.gathers_from is not None and is_variable(
+            if step.entry.looks_up_rows(step.attrs) and is_variable(
                 self.captured.get(step.operands[step.entry.gathers_from][1]))}
         self.gathers_variable_rows = bool(self.variable_lookups)
         self.source, unrenderable = _source(self)
