@@ -566,21 +566,32 @@ def test_weight_gradients_summed_after_the_loop_give_eager_gradients(compiled):
     assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, np.float32)
 
 
+def _assert_as_eager(function, instances, variables):
+    """``function(module, instances)`` (a value, or a list of them) and its
+    gradients for ``variables``: subgraphjit's are eager TensorFlow's."""
+    with tensorflow.GradientTape() as tape:
+        expected = function(tensorflow, instances)
+    expected_gradients = tape.gradient(expected, variables)
+    with tf.GradientTape() as tape:
+        actual = function(tf, instances)
+    actual_gradients = tape.gradient(actual, variables)
+    pairs = zip(actual, expected) if isinstance(actual, list) else [(actual, expected)]
+    for got, want in pairs:
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+    for got, want in zip(actual_gradients, expected_gradients):
+        assert_gradient_equal(got, want, atol=1e-5)
+
+
 def assert_compiled_pattern_matches_eager(loss, variables, rng, dtype):
     """``loss(module, rows)`` over four random (1, 3) rows, three times
     (collect, then compiled): values and the variables' gradients as
     eager TensorFlow's, through a compiled program running a pattern."""
+    def on_nodes(module, rows):   # (rows recorded, under subgraphjit)
+        return loss(module, [module.identity(row) for row in rows])
+
     for _ in range(3):
         rows = [rng.normal(size=(1, 3)).astype(dtype) for _ in range(4)]
-        with tensorflow.GradientTape() as tape:
-            expected = loss(tensorflow, rows)
-        expected_gradients = tape.gradient(expected, variables)
-        with tf.GradientTape() as tape:
-            actual = tf.build(loss(tf, [tf.identity(row) for row in rows]))
-        actual_gradients = tape.gradient(actual, variables)
-        np.testing.assert_allclose(float(actual), float(expected), rtol=1e-5)
-        for got, want in zip(actual_gradients, expected_gradients):
-            assert_gradient_equal(got, want, atol=1e-5)
+        _assert_as_eager(on_nodes, rows, variables)
     stats = tf.stats()
     assert stats["program_runs"] >= 1 and stats["pattern_matches"] >= 1, stats
 
@@ -604,22 +615,6 @@ def _lookups_loss(table, weight):
 def _random_ids(rng, count):
     return [([int(i) for i in rng.integers(0, 6, size=2)], int(rng.integers(0, 6)),
              rng.normal(size=(1, 3)).astype(np.float32)) for _ in range(count)]
-
-
-def _assert_as_eager(function, instances, variables):
-    """``function(module, instances)`` (a value, or a list of them) and its
-    gradients for ``variables``: subgraphjit's are eager TensorFlow's."""
-    with tensorflow.GradientTape() as tape:
-        expected = function(tensorflow, instances)
-    expected_gradients = tape.gradient(expected, variables)
-    with tf.GradientTape() as tape:
-        actual = function(tf, instances)
-    actual_gradients = tape.gradient(actual, variables)
-    pairs = zip(actual, expected) if isinstance(actual, list) else [(actual, expected)]
-    for got, want in pairs:
-        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
-    for got, want in zip(actual_gradients, expected_gradients):
-        assert_gradient_equal(got, want, atol=1e-5)
 
 
 def _compiled_programs():

@@ -126,7 +126,6 @@ class Program:
             computed[renumbered[buffer]] = count
         self.buffers, self.computed = list(other.buffers), computed
         self.kind_keys, self.key = other.kind_keys, other.key
-        self.relatives = other.relatives
 
     def fill(self):
         """The steps and rows, the inputs, and every node's place.  (The

@@ -46,7 +46,7 @@ from tensorflow.core.framework import attr_value_pb2
 from .. import _native, overlap
 from ..ir import spec as specs
 from ..ir.spec import is_variable
-from ..ir.table import ACCESS, PATTERN_KINDS
+from ..ir.table import ACCESS, LOOKUP, PATTERN_KINDS, WHOLE
 from . import rules
 from .plan import ROWS, SHARED
 from .rules import NoRule, rule_for
@@ -298,22 +298,28 @@ class _Compiled:
                              "are not arguments of a compiled program")
         self.kinds, self.buffers = program.kinds, program.buffers
         self.kind_keys, self.key = program.kind_keys, program.key
-        self.relatives = program.relatives
         self.kind_set, self.buffer_set = set(self.kind_keys), set(self.buffers)
         self.shared = _Shared(program)
+        looked_up, whole = set(), set()
+        for kind, places in zip(self.kinds, self.shared.places):
+            looked, other = _reads(kind, places)
+            looked_up |= looked
+            whole |= other
         # Rows of a variable each kind looks up: their gradients stay entries.
-        self.sparse = sorted({
-            number for kind, places in zip(self.kinds, self.shared.places)
-            for number in _looked_up(kind, places)
-            if is_variable(self.shared.values[number])
-            and _trainable(self.shared.values[number].dtype)})
+        self.sparse = sorted(
+            number for number in looked_up if is_variable(self.shared.values[number])
+            and _trainable(self.shared.values[number].dtype))
         # Variables read only as tables of lookups (an embedding): the
         # traces capture them and gather their rows, never reading one
         # whole, which copies it once a sparse update (an optimizer's) has
         # put it in copy-on-read mode: the Tree-LSTM's 7687x300 embedding
         # took 1.4 ms of a 25-tree inference's 18.  The other shared
-        # values are arguments (``given``).
-        self.tables = [number for number in self.sparse if self._only_looked_up(number)]
+        # values are arguments (``given``).  (A Keras variable, which wraps
+        # one, is read as before.)
+        self.tables = [number for number in self.sparse if number not in whole
+                       and variable_accessed is not None
+                       and isinstance(self.shared.values[number], tf.Variable)
+                       and self.shared.values[number].shape.is_fully_defined()]
         self.given = [number for number in range(len(self.shared.values))
                       if number not in self.tables]
         self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
@@ -340,28 +346,6 @@ class _Compiled:
         # Per mode (training: bool), its functions traced (True) or why
         # they could not be: ``trace``.
         self.modes = {}
-
-    def _only_looked_up(self, number):
-        """Whether every kind reads shared value ``number`` only as the
-        table of a batched lookup of rows."""
-        value = self.shared.values[number]
-        if (variable_accessed is None or not isinstance(value, tf.Variable)
-                or not value.shape.is_fully_defined()):
-            return False   # (a Keras variable wraps one: read as before)
-        for kind, places in zip(self.kinds, self.shared.places):
-            if number not in _numbers(places):
-                continue
-            if all(operand_kind == SHARED for operand_kind, _ in kind.operands):
-                return False   # run once for all instances, not by the rule
-            for key, place in places.items():
-                if key == "captured":
-                    if any(captured == number and not only for captured, only in zip(
-                            place, kind.entry.pattern.captured_only_looked_up)):
-                        return False
-                elif place == number and not (key == kind.entry.gathers_from
-                                              and kind.entry.looks_up_rows(kind.attrs)):
-                    return False
-        return True
 
     def trace(self, training):
         """Trace the functions of a mode: for training, a forward that
@@ -940,15 +924,27 @@ def _entries(table, parts):
     return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0))
 
 
-def _looked_up(kind, places):
-    """Shared-argument numbers whose rows the kind gathers."""
+def _reads(kind, places):
+    """The shared-argument numbers a kind reads: (those whose rows it looks
+    up, those it reads otherwise).  A kind whose operands are all shared
+    runs once for every instance, not through the lookup rule: it reads
+    its table otherwise too."""
     op_entry = kind.entry
-    if op_entry.node_kind in PATTERN_KINDS:
-        return [number for number, looked_up in
-                zip(places["captured"], op_entry.pattern.captured_looked_up) if looked_up]
-    if op_entry.looks_up_rows(kind.attrs) and op_entry.gathers_from in places:
-        return [places[op_entry.gathers_from]]
-    return []
+    looked, other = set(), set()
+    for key, place in places.items():
+        if key == "captured":
+            for number, reads in zip(place, op_entry.pattern.captured_reads):
+                if LOOKUP in reads:
+                    looked.add(number)
+                if WHOLE in reads:
+                    other.add(number)
+        elif key == op_entry.gathers_from and op_entry.looks_up_rows(kind.attrs):
+            looked.add(place)
+        else:
+            other.add(place)
+    if all(operand_kind == SHARED for operand_kind, _ in kind.operands):
+        other |= looked
+    return looked, other
 
 
 def _batched(kind, values, flags, count):

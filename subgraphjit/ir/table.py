@@ -52,6 +52,11 @@ NODE_KINDS = ("op", "access", "pattern", "fused")
 PATTERN_KINDS = frozenset({"pattern", "fused"})
 
 
+# How a node reads a shared value (a compiled program asks, per kind):
+# rows of it looked up (``OpEntry.looks_up_rows``), or otherwise, whole.
+LOOKUP, WHOLE = "lookup", "whole"
+
+
 class OpEntry:
     """One entry of the op table.
 

@@ -28,7 +28,6 @@ A ``FusedPattern`` runs two patterns, one reading the other's outputs, as
 one compiled function (see ``search.py`` for when they are joined).
 """
 
-import collections
 import dataclasses
 import inspect
 import itertools
@@ -43,7 +42,7 @@ from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
 from ..ir.spec import VARIABLE, classify_operand, is_variable
-from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, OpEntry
+from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, LOOKUP, WHOLE, OpEntry
 
 _pattern_numbers = itertools.count(1)
 
@@ -230,25 +229,17 @@ class Pattern(_Compiled):
         return list(self.captured.values())
 
     @property
-    def captured_looked_up(self):
-        """Per captured value, in that order: are its rows looked up (a
-        variable whose gradient keeps an entry per lookup)?"""
-        names = {step.operands[step.entry.gathers_from][1] for step in self.steps
-                 if step.name in self.variable_lookups}
-        return [name in names for name in self.captured]
-
-    @property
-    def captured_only_looked_up(self):
-        """Per captured value, in that order: is it read only as the table
-        of lookups of its rows (a compiled program then never reads it
-        whole)?"""
-        reads = collections.defaultdict(set)   # name -> is each read a lookup?
+    def captured_reads(self):
+        """Per captured value, in that order, how the lines read it: a set
+        of LOOKUP (its rows looked up: a variable whose gradient keeps an
+        entry per lookup) and WHOLE (any other read)."""
+        reads = {name: set() for name in self.captured}
         for step in self.steps:
             for position, (kind, name) in enumerate(step.operands):
-                if kind == "name" and name in self.captured:
-                    reads[name].add(step.name in self.variable_lookups
-                                    and position == step.entry.gathers_from)
-        return [reads.get(name) == {True} for name in self.captured]
+                if kind == "name" and name in reads:
+                    reads[name].add(LOOKUP if step.name in self.variable_lookups
+                                    and position == step.entry.gathers_from else WHOLE)
+        return [frozenset(reads[name]) for name in self.captured]
 
     def stacked_body(self, argument_specs):
         """The pattern as a function of its stacked arguments (a list), each
@@ -382,13 +373,8 @@ class FusedPattern(_Compiled):
         return self.producer.captured_values + self.consumer.captured_values
 
     @property
-    def captured_looked_up(self):
-        return self.producer.captured_looked_up + self.consumer.captured_looked_up
-
-    @property
-    def captured_only_looked_up(self):
-        return (self.producer.captured_only_looked_up
-                + self.consumer.captured_only_looked_up)
+    def captured_reads(self):
+        return self.producer.captured_reads + self.consumer.captured_reads
 
 
 def _spec_key(value):
