@@ -53,13 +53,34 @@ def test_values_are_evaluated_implicitly_when_python_needs_them():
     assert tf.is_tensor(node)
 
 
+def test_a_node_in_a_library_message_shows_its_shape_and_dtype_not_its_values():
+    tf.reset_stats()
+    x = tf.tanh(random_constant(40, 40))
+    with pytest.raises(ValueError) as raised:
+        tf.nest.assert_same_structure([x, x], [x])   # TensorFlow prints both
+    message = str(raised.value)
+    assert "shape=(40, 40), dtype=float32, not evaluated" in message
+    assert "numpy=" not in message and "array(" not in message
+    assert not x.evaluated and tf.stats()["forced_evaluations"] == {}
+    # Evaluated, it prints as the tensor it is, wherever it is printed.
+    tf.build(x)
+    with pytest.raises(ValueError) as raised:
+        tf.nest.assert_same_structure([x, x], [x])
+    assert "not evaluated" not in str(raised.value)
+    assert "<tf.Tensor: shape=(40, 40), dtype=float32, numpy=" in str(raised.value)
+    # The user's own printing always shows values, as eagerly.
+    y = tf.tanh(random_constant(2, 2))
+    assert "not evaluated" not in repr(y) and y.evaluated
+
+
 def test_batching_scope_evaluates_everything_recorded_inside():
     x = random_constant(2, 3)
     with tf.batching():
         kept = [tf.tanh(x), tf.exp(x)]
         dropped_on_the_floor = tf.sigmoid(x)
-    assert all(node.result is not None for node in kept)
-    assert dropped_on_the_floor.result is not None
+    # (Evaluated: a result of its own, or a row of a batched one.)
+    assert all(node.evaluated for node in kept)
+    assert dropped_on_the_floor.evaluated
 
 
 def test_batching_scope_does_not_evaluate_when_the_block_raises():

@@ -60,6 +60,31 @@ def test_compiled_minibatches_equal_eager(model_name, compiled):
         assert tf.stats()["program_runs"] >= 2, tf.stats()
 
 
+def test_a_program_reading_keras_variables_equals_eager(compiled):
+    """A Keras 3 variable (whose dtype is a string) as a shared operand of
+    a compiled program: it compiled with an AttributeError from deep inside
+    program.py."""
+    import keras
+    rng = np.random.default_rng(7)
+    model = MODELS["tree_lstm"](rng)
+    for name, value in list(vars(model).items()):
+        if isinstance(value, tensorflow.Variable) and name != "embedding":
+            setattr(model, name, keras.Variable(value.numpy()))
+    model.variables = [model.embedding] + [
+        value for value in vars(model).values() if isinstance(value, keras.Variable)]
+    tf.reset_stats()
+    for _ in range(3):   # collect, then compiled
+        examples = model.random_examples(rng, 3)
+        expected_loss, expected = minibatch_loss_and_gradients(tensorflow, model, examples)
+        with tensorflow.GradientTape() as tape:
+            loss = tf.build(tf.add_n([model.loss(tf, e) for e in examples]) / len(examples))
+        gradients = tape.gradient(loss, model.variables)
+        np.testing.assert_allclose(loss.numpy(), expected_loss.numpy(), rtol=1e-5)
+        for got, want in zip(gradients, expected):
+            assert_gradient_equal(got, want)
+    assert tf.stats()["program_runs"] >= 1, tf.stats()
+
+
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 def test_compiled_inference_equals_eager(model_name, compiled):
     """No tape: the same programs, values only."""

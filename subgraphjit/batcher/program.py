@@ -45,7 +45,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from .. import _native, overlap
 from ..ir import spec as specs
-from ..ir.spec import is_variable
+from ..ir.spec import dtype_of, is_variable
 from ..ir.table import ACCESS, LOOKUP, PATTERN_KINDS, WHOLE
 from . import rules
 from .plan import ROWS, SHARED
@@ -308,7 +308,7 @@ class _Compiled:
         # Rows of a variable each kind looks up: their gradients stay entries.
         self.sparse = sorted(
             number for number in looked_up if is_variable(self.shared.values[number])
-            and _trainable(self.shared.values[number].dtype))
+            and _trainable(dtype_of(self.shared.values[number])))
         # Variables read only as tables of lookups (an embedding): the
         # traces capture them and gather their rows, never reading one
         # whole, which copies it once a sparse update (an optimizer's) has
@@ -329,9 +329,9 @@ class _Compiled:
         self.adjoints = {b: _scratch((None, *self.buffers[b][1]), self.buffers[b][0])
                          for b in self.trainable}
         # The other trainable shared values' gradients: summed in place.
-        self.sums = {number: _scratch(value.shape, value.dtype)
+        self.sums = {number: _scratch(value.shape, dtype_of(value))
                      for number, value in enumerate(self.shared.values)
-                     if _trainable(value.dtype) and number not in self.sparse}
+                     if _trainable(dtype_of(value)) and number not in self.sparse}
         self.width = 3 + max(len(kind.outputs) for kind in self.kinds)
         # The forward keeps each step's products in a list per dtype, at
         # place step * KEPT_PRODUCTS + j for its j-th product; ``kept``:
@@ -357,7 +357,7 @@ class _Compiled:
         sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
         given = [tf.TensorSpec(self.shared.values[number].shape,
-                               self.shared.values[number].dtype) for number in self.given]
+                               dtype_of(self.shared.values[number])) for number in self.given]
         if not training:
             self.inference = tf.function(
                 lambda *arguments: self._forward(arguments, keep=False), autograph=False,
@@ -896,7 +896,7 @@ def _rows_op(name, x, y, compute):
 
 
 def _gradient(value, gradient):
-    if not _trainable(value.dtype):
+    if not _trainable(dtype_of(value)):
         return None
     if isinstance(gradient, tuple):   # entries of looked-up rows
         values, indices = gradient

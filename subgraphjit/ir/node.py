@@ -175,14 +175,42 @@ class VirtualNode:
     def __round__(self, ndigits=None):
         return round(self.value(), ndigits)
 
+    # Printing shows the value, as eager TensorFlow does, except where
+    # TensorFlow or Keras format an unevaluated node into a message (an
+    # error's "Arguments received by ...", a structure mismatch): there it
+    # is described by its shape and dtype, so that building the message
+    # neither forces an evaluation nor dumps the values.
     def __format__(self, format_spec):
+        if _described(self, sys._getframe(1)):
+            return format(self._description(), format_spec)
         return format(self.value(), format_spec)
 
     def __repr__(self):
+        if _described(self, sys._getframe(1)):
+            return self._description()
         return repr(self.value())
 
     def __str__(self):
+        if _described(self, sys._getframe(1)):
+            return self._description()
         return str(self.value())
+
+    def _description(self):
+        return (f"<subgraphjit.VirtualNode: shape={self.shape}, "
+                f"dtype={self.dtype.name}, not evaluated>")
+
+
+# Packages whose code formats values into messages rather than for the user.
+_MESSAGE_BUILDERS = frozenset({"tensorflow", "keras", "tf_keras"})
+
+
+def _described(node, caller):
+    """Whether ``caller``, printing ``node``, gets its description rather
+    than its value: the node is unevaluated and the caller is TensorFlow's
+    or Keras's code (the user's own ``print``, f-string or ``repr`` shows
+    the value, as do IPython, logging and the like)."""
+    return (not node.evaluated and caller is not None and caller.f_globals.get(
+        "__name__", "").partition(".")[0] in _MESSAGE_BUILDERS)
 
 
 _EAGER_TENSOR = type(tf.constant(0))

@@ -140,11 +140,17 @@ def is_variable(value):
     return keras is not None and isinstance(value, keras.Variable)
 
 
+def dtype_of(value):
+    """A tensor's or variable's tf.DType: a Keras 3 variable gives its
+    dtype's name, a string."""
+    return tf.as_dtype(value.dtype)
+
+
 def _spec_of_tensor(value):
     shape = tf.TensorShape(value.shape)
     if shape.rank is None or None in shape:
         raise NotLazy
-    return spec(tf.as_dtype(value.dtype), tuple(shape))
+    return spec(dtype_of(value), tuple(shape))
 
 
 class NotLazy(Exception):

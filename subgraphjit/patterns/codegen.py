@@ -41,7 +41,7 @@ from ..batcher.rules import NoRule, gather_rows, register_family_rule, rule_for
 from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
-from ..ir.spec import VARIABLE, classify_operand, is_variable
+from ..ir.spec import VARIABLE, classify_operand, dtype_of, is_variable
 from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, LOOKUP, WHOLE, OpEntry
 
 _pattern_numbers = itertools.count(1)
@@ -378,7 +378,7 @@ class FusedPattern(_Compiled):
 
 
 def _spec_key(value):
-    return value.dtype, tuple(value.shape)
+    return dtype_of(value), tuple(value.shape)
 
 
 # -- from a structural key to steps -------------------------------------------
@@ -445,7 +445,7 @@ def _source(pattern):
 def _describe_captured(value):
     kind = "tf.Variable" if classify_operand(value) == VARIABLE else "tensor"
     name = getattr(value, "name", None) if kind == "tf.Variable" else None
-    return f"{kind} {name or ''} {tuple(value.shape)} {value.dtype.name}".replace("  ", " ")
+    return f"{kind} {name or ''} {tuple(value.shape)} {dtype_of(value).name}".replace("  ", " ")
 
 
 def _render_call(step, unrenderable):
