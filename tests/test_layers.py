@@ -295,3 +295,28 @@ def test_a_layer_lives_while_its_recorded_calls_do_and_no_longer():
     del node
     gc.collect()
     assert layer() is None
+
+
+def test_keras_keeps_the_note_naming_the_users_line_when_it_re_raises():
+    """Keras re-raises an error from a model's ``call`` as a new exception
+    (the call's arguments added to its message); the note naming the
+    user's line of the recorded op that failed survives it, whether the
+    op failed as it was recorded (a shape error) or when a read in
+    ``call`` evaluated it."""
+    class Failing(keras.Model):
+        def call(self, tree, at_evaluation=False):
+            x = sj.tanh(tensorflow.ones([1, 5]))
+            if not at_evaluation:
+                return sj.matmul(x, tensorflow.ones([3, 2]))
+            rows = sj.nn.embedding_lookup(tensorflow.ones([3, 2]),
+                                          sj.cast(x * 0 + 7, tensorflow.int32))
+            return float(sj.reduce_sum(rows))
+
+    first = Failing.call.__code__.co_firstlineno
+    for at_evaluation, op, line in ((False, "linalg.matmul", first + 3),
+                                    (True, "nn.embedding_lookup", first + 4)):
+        with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
+            Failing()(tree=("a", "b"), at_evaluation=at_evaluation)
+        assert "Exception encountered when calling" in str(raised.value)   # Keras's
+        assert f"raised by {op}, recorded at {__file__}:{line} in call" in \
+            "\n".join(getattr(raised.value, "__notes__", [])), raised.value

@@ -115,10 +115,28 @@ def install():
             result = _record_call(self, original, args, kwargs)
             if result is not NotImplemented:
                 return result
-        return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as error:
+            _keep_notes(error)
+            raise
 
     __call__._subgraphjit_original = original
     Layer.__call__ = __call__
+
+
+def _keep_notes(error):
+    """Keras re-raises an error from a layer's ``call`` as a new exception
+    with the call's arguments in its message, and without the notes of the
+    one it caught (its ``__context__``): among them ours, naming the user's
+    line of a recorded op (``ir.record.annotate``).  Give them back."""
+    caught = error.__context__
+    if not getattr(error, "_keras_call_info_injected", False) or caught is None:
+        return
+    kept = getattr(error, "__notes__", [])
+    for note in getattr(caught, "__notes__", []):
+        if note not in kept:
+            error.add_note(note)
 
 
 def _holds_node(args):
