@@ -749,6 +749,17 @@ class _Compiled:
             local_shared[number] for number in used] + [rows for _, rows, _ in looked]
         gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
                      if outputs and sources else [None] * len(sources))
+        # (A weight whose gradient is left to after the loop has none here.)
+        deferred_weights = {self.kept[site].shared for site in deferred}
+        if outputs and any(
+                gradient is None and not (len(watched) <= place < len(watched) + len(used)
+                                          and used[place - len(watched)] in deferred_weights)
+                for place, gradient in enumerate(gradients)):
+            # An op with no gradient (tf.stop_gradient, floordiv), or an
+            # operand only a dropped output reads: eagerly, a variable
+            # reached only through it has no gradient (None), where this
+            # backward would give zeros.  Step by step gives eager's.
+            raise NoRule(f"{kind.entry.name}: no gradient for an operand")
         of_rows = gradients[len(watched) + len(used):]
         for number, gradient in zip(watched, gradients):
             if gradient is not None:
