@@ -1,22 +1,33 @@
-"""Every example model, trained under each subgraphjit setting beside eager
-TensorFlow in the same run: instances per second, the ratio to eager, and
-per minibatch the launches (batched ops) per instance and the evaluations.
+"""Every example model, trained and then run for inference under each
+subgraphjit setting beside eager TensorFlow in the same run: per mode the
+instances per second and the ratio to eager, and per training minibatch
+the launches (batched ops) per instance and the evaluations.
 
 The models of ``experiments/example_models.py`` (trees, sequences, a
 lattice, attention), at a chosen width, on random inputs of varying
 structure, and the value-dependent ones (``CONTROL_FLOW_MODELS``), whose
 minibatch runs with ``tf.batching.map`` (``minibatch_losses``), and also
-as the plain loop, where every read is an evaluation of its own.  Each setting gets a fresh copy of the model; the first
-``--warm-up`` minibatches (pattern collection, traces, compiled programs)
-are timed apart.  This is the table that says which settings are the
-fastest, and so the defaults.
+as the plain loop, where every read is an evaluation of its own.
+
+Each setting gets a fresh copy of the model, which trains first and then
+infers, as a user's would: patterns and compiled programs are shared
+between the modes.  Training is a GradientTape step with an SGD update;
+inference is the user's ordinary loop: the minibatch's losses in one
+batching scope (``with tf.batching():``), then every loss read to NumPy.
+In each mode the first ``--warm-up`` minibatches (pattern collection,
+traces, compiled programs, and the defaults' granularity trial, one per
+mode) are timed apart.  This is the table that says which settings are
+the fastest, and so the defaults; the closing summary gives the defaults'
+ratios per model and flags those below 1.0x.
 
     python benchmarks/models.py                       # width 64, batch 25
     python benchmarks/models.py --width 16 --models tree_lstm mv_rnn
     python benchmarks/models.py --models gated_tree adaptive_computation
+    python benchmarks/models.py --modes infer --batch-size 1 --minibatches 16
 """
 
 import argparse
+import contextlib
 import inspect
 import pathlib
 import sys
@@ -39,6 +50,8 @@ from experiments.example_models import (  # noqa: E402
     CONTROL_FLOW_MODELS, MODELS, minibatch_losses)
 
 ALL_MODELS = {**MODELS, **CONTROL_FLOW_MODELS}
+# --modes, and the names subgraphjit's stats give them.
+MODES = {"train": "training", "infer": "inference"}
 
 # (name, granularity, compile); None: plain eager TensorFlow.
 SETTINGS = [
@@ -49,6 +62,7 @@ SETTINGS = [
     ("subgraphjit subgraph, compiled", "subgraph", 4),
     ("subgraphjit defaults", "defaults", None),
 ]
+DEFAULTS = SETTINGS[-1]
 # ... and for the value-dependent models, the defaults without the map.
 PLAIN_LOOP = ("subgraphjit defaults, plain loop", "defaults", None)
 
@@ -62,10 +76,20 @@ def make_model(name, width, seed):
     return model_class(np.random.default_rng(seed), **sizes)
 
 
-def train_step(module, model, optimizer, minibatch, plain_loop=False):
+def step(module, model, optimizer, minibatch, plain_loop, training):
+    """One minibatch: a training step (loss, gradient, update), or inference
+    as a user writes it: the losses in one batching scope, then each read."""
+    def losses():
+        return ([model.loss(module, example) for example in minibatch]
+                if plain_loop else minibatch_losses(module, model, minibatch))
+
+    if not training:
+        with (subgraphjit.batching() if module is subgraphjit
+              else contextlib.nullcontext()):
+            computed = losses()
+        return [np.asarray(loss) for loss in computed]
     with module.GradientTape() as tape:
-        loss = module.add_n([model.loss(module, example) for example in minibatch]
-                            if plain_loop else minibatch_losses(module, model, minibatch))
+        loss = module.add_n(losses())
         if module is subgraphjit:
             loss = subgraphjit.build(loss)
     gradients = tape.gradient(loss, model.variables)
@@ -73,7 +97,32 @@ def train_step(module, model, optimizer, minibatch, plain_loop=False):
     return float(loss)
 
 
+def measure(module, model, optimizer, setting, arguments, warm_up_steps, training):
+    """Instances per second (wall and CPU), the warm-up's seconds and the
+    stats of the timed minibatches, in one mode."""
+    # A stream of inputs per mode, so that each mode's minibatches do not
+    # depend on how long the other warmed up.
+    data = np.random.default_rng(1 if training else 2)
+    minibatches = [model.random_examples(data, arguments.batch_size)
+                   for _ in range(warm_up_steps + arguments.minibatches)]
+    plain_loop = setting is PLAIN_LOOP
+    started = time.perf_counter()
+    for minibatch in minibatches[:warm_up_steps]:
+        step(module, model, optimizer, minibatch, plain_loop, training)
+    warm_up = time.perf_counter() - started
+    subgraphjit.reset_stats()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    for minibatch in minibatches[warm_up_steps:]:
+        step(module, model, optimizer, minibatch, plain_loop, training)
+    seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
+    instances = arguments.minibatches * arguments.batch_size
+    return instances / seconds, instances / cpu_seconds, warm_up, subgraphjit.stats()
+
+
 def rate(name, setting, arguments):
+    """``{mode: (inst/s, CPU inst/s, warm-up s, stats)}`` for one model and
+    setting, and the granularity ``auto`` chose per mode (or None)."""
     label, granularity, compile_after = setting
     module = tensorflow if granularity is None else subgraphjit
     warm_up_steps = arguments.warm_up
@@ -85,72 +134,89 @@ def rate(name, setting, arguments):
         subgraphjit.set_parameter("compile", compile_after)
         subgraphjit.reset_patterns()   # and compiled programs
     if granularity == "auto" or arguments.same_minibatches:
-        # Time the choice's trial apart too; with --same-minibatches every
-        # setting warms up as long (a model whose work depends on values,
-        # such as the number of ponder steps, changes as it trains).
+        # Time the choice's trial apart too (each mode has its own; the
+        # collection is counted in both, in case only one mode runs); with
+        # --same-minibatches every setting warms up as long (a model whose
+        # work depends on values, such as the number of ponder steps,
+        # changes as it trains).
         warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
                           + len(Trial.UNITS) * (2 * PARAMETERS["compile"].default + 1))
+    # One model for both modes, trained first, as a user's.
     model = make_model(name, arguments.width, seed=0)
-    data = np.random.default_rng(1)
-    minibatches = [model.random_examples(data, arguments.batch_size)
-               for _ in range(warm_up_steps + arguments.minibatches)]
     optimizer = module.keras.optimizers.SGD(0.01)   # (subgraphjit's: a compiled update)
-    plain_loop = setting is PLAIN_LOOP
-    started = time.perf_counter()
-    for minibatch in minibatches[:warm_up_steps]:
-        train_step(module, model, optimizer, minibatch, plain_loop)
-    warm_up = time.perf_counter() - started
-    subgraphjit.reset_stats()
-    started, cpu_started = time.perf_counter(), time.process_time()
-    for minibatch in minibatches[warm_up_steps:]:
-        train_step(module, model, optimizer, minibatch, plain_loop)
-    seconds = time.perf_counter() - started
-    cpu_seconds = time.process_time() - cpu_started
-    stats = subgraphjit.stats()
-    chosen = (stats["granularity_chosen"].get("training")
-              if granularity == "auto" else None)
-    counts = None if module is tensorflow else (
-        stats["batches"] / (arguments.minibatches * arguments.batch_size),
-        stats["evaluations"] / arguments.minibatches)
-    instances = arguments.minibatches * arguments.batch_size
-    return instances / seconds, warm_up, chosen, counts, instances / cpu_seconds
+    results = {mode: measure(module, model, optimizer, setting, arguments,
+                             warm_up_steps, training=mode == "train")
+               for mode in MODES if mode in arguments.modes}
+    chosen = None
+    if granularity == "auto":
+        chosen = subgraphjit.stats()["granularity_chosen"]
+        chosen = "/".join(chosen.get(MODES[mode], "?") for mode in results)
+    return results, chosen
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=[*sorted(MODELS), *CONTROL_FLOW_MODELS],
                         choices=sorted(ALL_MODELS))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--width", type=int, default=64,
                         help="embedding and hidden size (or matrix size)")
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--minibatches", type=int, default=8)
     parser.add_argument("--warm-up", type=int, default=10,
-                        help="untimed minibatches first (patterns collect in 3, "
-                             "a program compiles at its key's 4th sighting; "
-                             "the defaults' granularity trial adds its own)")
+                        help="untimed minibatches first, per mode (patterns "
+                             "collect in 3, a program compiles at its key's "
+                             "4th sighting; the defaults' granularity trial "
+                             "adds its own)")
     parser.add_argument("--same-minibatches", action="store_true",
                         help="every setting warms up as long as the defaults' "
                              "trial, so all time the same minibatches")
     arguments = parser.parse_args()
     defaults = {key: subgraphjit.get_parameter(key) for key in ("granularity", "compile")}
-    print(f"training, width {arguments.width}, batch {arguments.batch_size}, "
-          f"{arguments.minibatches} timed minibatches after {arguments.warm_up}, "
-          f"1 thread; defaults: {defaults}")
+    print(f"{' and '.join(arguments.modes)}, width {arguments.width}, batch "
+          f"{arguments.batch_size}, {arguments.minibatches} timed minibatches "
+          f"after {arguments.warm_up} per mode, 1 thread; defaults: {defaults}")
     # CPU time too: on a shared machine it is the steadier of the two.
-    print(f"{'model':<20} {'setting':<40} {'inst/s':>9} {'x eager':>8} {'cpu x':>6} "
-          f"{'warm-up s':>9} {'launch/inst':>11} {'evals/mb':>8}")
+    # Launches and evaluations are training's.
+    model_width = max(map(len, ["model", *arguments.models]))
+    print(f"{'':<{model_width}} {'':<44} {'--------- train ---------':>25} "
+          f"{'--------- infer ---------':>25} {'warm-up s':>13}")
+    print(f"{'model':<{model_width}} {'setting (auto chose train/infer)':<44} "
+          + f"{'inst/s':>9} {'x eager':>8} {'cpu x':>6} " * 2
+          + f"{'train':>6} {'infer':>6} {'launch/inst':>11} {'evals/mb':>8}")
+    summary = []
     for name in arguments.models:
-        eager = cpu_eager = None
+        eager = None
         settings = SETTINGS + ([PLAIN_LOOP] if name in CONTROL_FLOW_MODELS else [])
         for setting in settings:
-            speed, warm_up, chosen, counts, cpu_speed = rate(name, setting, arguments)
-            eager, cpu_eager = eager or speed, cpu_eager or cpu_speed
+            results, chosen = rate(name, setting, arguments)
+            eager = eager or results
             label = setting[0] + (f" ({chosen})" if chosen else "")
-            launches, evaluations = (f"{counts[0]:.1f}", f"{counts[1]:.1f}") if counts \
-                else ("-", "-")
-            print(f"{name:<20} {label:<40} {speed:>9.1f} {speed / eager:>8.2f} "
-                  f"{cpu_speed / cpu_eager:>6.2f} {warm_up:>9.1f} {launches:>11} "
-                  f"{evaluations:>8}", flush=True)
+            columns = []
+            for mode in MODES:
+                if mode not in results:
+                    columns.append(f"{'-':>9} {'-':>8} {'-':>6}")
+                    continue
+                speed, cpu_speed = results[mode][:2]
+                columns.append(f"{speed:>9.1f} {speed / eager[mode][0]:>8.2f} "
+                               f"{cpu_speed / eager[mode][1]:>6.2f}")
+            warm_ups = [f"{results[mode][2]:.1f}" if mode in results else "-"
+                        for mode in MODES]
+            stats = results.get("train", (None,) * 4)[3]
+            launches, evaluations = ("-", "-") if stats is None or setting[1] is None else (
+                f"{stats['batches'] / (arguments.minibatches * arguments.batch_size):.1f}",
+                f"{stats['evaluations'] / arguments.minibatches:.1f}")
+            print(f"{name:<{model_width}} {label:<44} {columns[0]} {columns[1]} "
+                  f"{warm_ups[0]:>6} {warm_ups[1]:>6} {launches:>11} {evaluations:>8}",
+                  flush=True)
+            if setting is DEFAULTS:
+                summary.append((name, {mode: results[mode][0] / eager[mode][0]
+                                       for mode in results}))
+    print("\nsubgraphjit defaults against eager TensorFlow (<1.0x: slower):")
+    for name, ratios in summary:
+        print(f"  {name:<{model_width}} " + "  ".join(
+            f"{mode} {ratio:5.2f}x{' <1.0x' if ratio < 1.0 else '':<6}"
+            for mode, ratio in ratios.items()).rstrip())
     for key, value in defaults.items():
         subgraphjit.set_parameter(key, value)
 
