@@ -22,8 +22,9 @@ except ImportError as _error:
     _tf, _missing = None, _error
 else:
     from . import api as _api
-    from .api import (GradientTape, access, batching, build, get_parameter,
-                      patterns, reset_patterns, reset_stats, set_parameter, stats)
+    from .api import (ForcedEvaluationWarning, GradientTape, access, batching, build,
+                      get_parameter, patterns, reset_patterns, reset_stats,
+                      set_parameter, stats)
     from .dropin import namespace as _namespace
     from .ir.node import VirtualNode
 

@@ -8,6 +8,7 @@ from . import concurrent, overlap
 from .batcher.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
+from .forced import ForcedEvaluationWarning
 from .ir.node import VirtualNode
 from .ir.record import record, user_site
 from .ir.table import ENTRIES_BY_NAME
@@ -15,7 +16,7 @@ from .patterns.search import SEARCH
 
 __all__ = ["build", "batching", "GradientTape", "set_parameter",
            "get_parameter", "stats", "reset_stats", "access", "patterns",
-           "reset_patterns"]
+           "reset_patterns", "ForcedEvaluationWarning"]
 
 
 def set_parameter(key, value):

@@ -277,8 +277,20 @@ class Context:
         self.nodes_evaluated = 0
         self.evaluations = 0
         self.pipelined_evaluations = 0   # of them, while the scope recorded
-        # "<what> (<file>:<line>)" -> evaluations a read forced (forced.py)
+        # "<what> (<file>:<line>)" -> evaluations a read forced (forced.py),
+        # and the batches they launched.
         self.forced_evaluations = collections.Counter()
+        self.forced_batches = 0
+        # For ForcedEvaluationWarning (forced.judge), given once per reset:
+        # the reads that forced an evaluation since the program last asked
+        # for one -> the batches those launched, and how many evaluations a
+        # read forced while already among them.
+        self.forced_since_asked = collections.Counter()
+        self.forced_splits = 0
+        self.forced_warned = False
+        # "keras.layers.<class>: <reason>" -> calls with nodes that ran
+        # Keras's own __call__ (dropin/layers.py).
+        self.layers_not_recorded = collections.Counter()
         # tf.batching.map (concurrent.py): its batched evaluations, the
         # reads they served, and those by "<what> (<file>:<line>)".
         self.concurrent_rounds = 0
@@ -319,6 +331,8 @@ class Context:
             "pipelined_evaluations": self.pipelined_evaluations,
             # Commonest first.
             "forced_evaluations": dict(self.forced_evaluations.most_common()),
+            "forced_batches": self.forced_batches,
+            "layers_not_recorded": dict(self.layers_not_recorded.most_common()),
             "concurrent_rounds": self.concurrent_rounds,
             "concurrent_reads": self.concurrent_reads,
             "concurrent_read_sites": dict(self.concurrent_read_sites.most_common()),

@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import _native, concurrent, overlap
+from . import _native, concurrent, forced, overlap
 from .batcher.execute import execute
 from .batcher.program import could_record
 from .batcher.schedulers import SCHEDULERS, fsm, lower_bound
@@ -61,6 +61,10 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
     ``compile_after``: as the parameter ``compile`` (None: the parameter).
     """
     targets = targets if type(targets) in (list, tuple) else list(targets)
+    if forced_by is None:
+        # The program asks for an evaluation (a scope's end, tf.build): from
+        # here on, a read that forces a second one splits work (forced.judge).
+        context.forced_since_asked.clear()
     if not any(type(target) is VirtualNode and not target.evaluated
                for target in targets):
         return
@@ -104,6 +108,8 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
     context.pipelined_evaluations += pipelined
     context.nodes_evaluated += len(nodes)
     context.evaluate_seconds += time.perf_counter() - started
+    if forced_by is not None and forced_by is not concurrent.ROUND:
+        forced.judge(forced_by, launches)   # may warn: most work forced
     if before is not None:
         print(debug_summary(before, context.stats(), len(nodes), launches,
                             time.perf_counter() - started, forced_by),

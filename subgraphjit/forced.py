@@ -9,7 +9,9 @@ inside a per-instance function keeps the instances from batching.
 not subgraphjit, TensorFlow, Keras, NumPy or the standard library), and
 what read the value in the user's terms: ``if``, ``float()``, ``+``,
 ``tf.nn.l2_normalize``.  The stack is walked only when a read forces an
-evaluation, never while recording.
+evaluation, never while recording.  When such reads split most of the
+work (their evaluations launched most of the batches), a
+``ForcedEvaluationWarning`` says so once, at the commonest read's line.
 """
 
 import ast
@@ -20,6 +22,9 @@ import linecache
 import os
 import re
 import sysconfig
+import warnings
+
+from .context import context
 
 # Top-level packages whose frames are machinery the user calls, not the user's code.
 _LIBRARIES = frozenset({"tensorflow", "keras", "tf_keras", "numpy", "absl", "optree",
@@ -95,7 +100,15 @@ def _site(frame):
             or (callee and f"{callee}()")
             or _reader_name(reader))
     filename, line = origin or (frame.f_code.co_filename, frame.f_lineno)
-    return f"{what} ({_shown(filename)}:{line})"
+    site = Site(f"{what} ({_shown(filename)}:{line})")
+    site.filename, site.lineno = filename, line
+    return site
+
+
+class Site(str):
+    """``"<what> (<file>:<line>)"``, the key ``stats()`` counts a forced
+    read under, keeping the file's own name and the line for a warning
+    that points at that line (and shows it)."""
 
 
 # Code object -> its frames' kind: recording through TensorFlow's dispatch
@@ -359,3 +372,65 @@ def _reader_name(reader):
     if reader is None:
         return "evaluation"
     return _READERS.get(reader.f_code.co_name, reader.f_code.co_name)
+
+
+# -- saying so ------------------------------------------------------------
+
+class ForcedEvaluationWarning(UserWarning):
+    """Most of the work evaluated so far ran in evaluations that reads
+    forced one at a time (README: Forced evaluations).  Silence it with
+    ``warnings.simplefilter("ignore", tf.ForcedEvaluationWarning)``."""
+
+
+# Evaluations forced by a read that had already forced one since the
+# program last asked for an evaluation (a scope's end, tf.build,
+# tape.gradient): such reads split work that one evaluation would have
+# batched (a read in per-instance code forces one per instance).  A read
+# once per scope (``float(loss)`` inside the tape, a Keras loss outside
+# the table) evaluates the whole minibatch at once: batched, not split.
+# Twenty: a minibatch of 25 instances with a read in each is judged from
+# the next minibatch on, and a few reads in a debugging loop never are.
+SPLITS_TO_JUDGE = 20
+
+
+def judge(site, launches):
+    """After an evaluation the read ``site`` forced, which launched
+    ``launches`` batches: warn once (per ``reset_stats()``, which starts
+    the counts again) when reads have split the work and their
+    evaluations launched most of the batches so far.  Batches, not nodes,
+    are the work: in the gated tree's per-instance loop (the example
+    models), half the nodes come after their instance's last read and run
+    batched at the end in a few launches, while the forced evaluations
+    launch 90 to 97% of the batches."""
+    if context.parameters["scheduler"] == "none":
+        return   # (no batches counted: nothing batches anyway)
+    context.forced_batches += launches
+    since_asked = context.forced_since_asked
+    context.forced_splits += site in since_asked
+    since_asked[site] += launches
+    if context.forced_warned or context.forced_splits < SPLITS_TO_JUDGE:
+        return
+    # Only work whose share is settled counts: an open scope may hold work
+    # recorded after its reads, to be evaluated batched when it ends, so
+    # inside one, the work up to the last evaluation the program asked
+    # for; outside every scope, all of it.
+    unsettled = sum(since_asked.values()) if context.scopes else 0
+    forced = context.forced_batches - unsettled
+    total = context.batching["batches"] - unsettled
+    if 2 * forced <= total:
+        return
+    # At the commonest read that has a line of the user's to point at.
+    read, count = next(((read, count) for read, count
+                        in context.forced_evaluations.most_common()
+                        if isinstance(read, Site)), (None, 0))
+    if read is None:
+        return
+    context.forced_warned = True
+    message = (
+        f"subgraphjit: {forced / total:.0%} of the batches run so far ({forced:,} "
+        f"of {total:,} launches) ran in evaluations forced one at a time, "
+        f"{count:,} of them by {read}: a value read before its scope or "
+        f"tf.build evaluates it keeps the instances from batching; move the "
+        f"read out of the per-instance code, or run the minibatch with "
+        f"tf.batching.map (README: Forced evaluations)")
+    warnings.warn_explicit(message, ForcedEvaluationWarning, read.filename, read.lineno)

@@ -1,9 +1,11 @@
 """stats()["forced_evaluations"]: every evaluation a read forces, named by
-the user's line (in this file) and what read the value, in the user's terms."""
+the user's line (in this file) and what read the value, in the user's terms;
+and the ForcedEvaluationWarning given when such reads split most of the work."""
 
 import logging
 import os
 import pathlib
+import warnings
 
 import keras
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
+from subgraphjit import forced as forced_module
 from subgraphjit.ir import node as node_module
 
 LINES = pathlib.Path(__file__).read_text().splitlines()
@@ -18,12 +21,16 @@ SHOWN = os.path.relpath(__file__)
 SHOWN = __file__ if SHOWN.startswith(os.pardir) else SHOWN
 
 
-def site(what, marker):
-    """The key for ``what`` read on the line of this file ending in
-    ``# forced: <marker>``."""
+def line_of(marker):
+    """The number of the line of this file ending in ``# forced: <marker>``."""
     (line,) = [number for number, text in enumerate(LINES, 1)
                if text.endswith(f"# forced: {marker}")]
-    return f"{what} ({SHOWN}:{line})"
+    return line
+
+
+def site(what, marker):
+    """The key for ``what`` read on the line ending in ``# forced: <marker>``."""
+    return f"{what} ({SHOWN}:{line_of(marker)})"
 
 
 def fresh():
@@ -183,3 +190,113 @@ def test_debug_output_names_the_forcing_read(capsys):
     finally:
         tf.set_parameter("debug", False)
     assert f"forced by {site('float()', 'debug')}" in capsys.readouterr().err
+
+
+# -- ForcedEvaluationWarning ------------------------------------------------
+
+WEIGHTS = tensorflow.Variable(np.full((2, 2), 0.3, np.float32))
+
+
+@pytest.fixture
+def op_granularity():
+    """Batches counted op by op: no patterns, whatever other tests found."""
+    previous = tf.get_parameter("granularity")
+    tf.set_parameter("granularity", "op")
+    tf.reset_stats()
+    yield
+    tf.set_parameter("granularity", previous)
+
+
+def instance(k, layers=4):
+    """One instance's work: two recorded ops per layer."""
+    h = tf.constant([[0.1 * k, 0.2]])
+    for _ in range(layers):
+        h = tf.tanh(tf.matmul(h, WEIGHTS))
+    return h
+
+
+def read_in_each_instance(minibatches=2):
+    """A read in per-instance code: each instance's work evaluates on its
+    own.  (The share is judged once a scope has ended: in the second
+    minibatch, here.)"""
+    for _ in range(minibatches):
+        with tf.batching():
+            outputs = []
+            for k in range(25):
+                h = instance(k)
+                if float(tf.reduce_max(h)) > 2.0:  # forced: per instance
+                    h = -h
+                outputs.append(h * 2.0)
+
+
+def forced_warnings(run):
+    """subgraphjit's warnings while ``run()`` runs; every warning is shown
+    (``always``), so any repeat would be seen."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [warning for warning in caught
+            if str(warning.message).startswith("subgraphjit:")]
+
+
+def test_a_read_that_splits_most_work_is_warned_about_at_its_line(op_granularity):
+    (warning,) = forced_warnings(read_in_each_instance)
+    assert warning.category is tf.ForcedEvaluationWarning
+    assert issubclass(tf.ForcedEvaluationWarning, UserWarning)
+    read = site("float()", "per instance")
+    assert (warning.filename, warning.lineno) == (__file__, line_of("per instance"))
+    assert f"by {read}:" in str(warning.message)
+    assert "tf.batching.map" in str(warning.message)
+    stats = tf.stats()
+    assert stats["forced_evaluations"] == {read: 50}
+    assert 2 * stats["forced_batches"] > stats["batches"]
+
+
+def read_before_little_work(minibatches=2):
+    """A read in each instance, of one op; the rest, 48 ops an instance, is
+    batched at the end.  (Judged inside the first scope, before its end
+    evaluates the rest, the reads' share would seem all of it.)"""
+    for _ in range(minibatches):
+        with tf.batching():
+            outputs = []
+            for k in range(25):
+                if float(tf.reduce_max(tf.constant([0.1 * k]))) > 2.0:  # forced: small
+                    continue
+                outputs.append(instance(k, layers=24))
+
+
+def read_once_per_scope(minibatches=25):
+    """``float(loss)`` at the end of each scope: forced, but it evaluates the
+    whole minibatch, batched."""
+    for _ in range(minibatches):
+        with tf.batching():
+            loss = tf.add_n([tf.reduce_sum(instance(k)) for k in range(4)])
+            float(loss)  # forced: loss
+
+
+def test_no_warning_when_forced_reads_split_little_work(op_granularity):
+    assert forced_warnings(read_before_little_work) == []
+    stats = tf.stats()
+    assert stats["forced_evaluations"] == {site("float()", "small"): 50}
+    assert 2 * stats["forced_batches"] < stats["batches"]   # split, a small share
+    tf.reset_stats()
+    assert forced_warnings(read_once_per_scope) == []
+    stats = tf.stats()
+    assert stats["forced_evaluations"] == {site("float()", "loss"): 25}
+    assert stats["forced_batches"] == stats["batches"]   # all forced, none split
+
+
+def test_the_warning_can_be_silenced(op_granularity):
+    def silenced():
+        warnings.simplefilter("ignore", tf.ForcedEvaluationWarning)
+        read_in_each_instance()
+
+    assert forced_warnings(silenced) == []
+    assert tf.ForcedEvaluationWarning is forced_module.ForcedEvaluationWarning
+
+
+def test_the_warning_is_given_once_per_reset_stats(op_granularity):
+    assert len(forced_warnings(read_in_each_instance)) == 1
+    assert forced_warnings(read_in_each_instance) == []
+    tf.reset_stats()
+    assert len(forced_warnings(read_in_each_instance)) == 1

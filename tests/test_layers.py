@@ -1,12 +1,15 @@
 """Keras layers called with VirtualNodes record one node and batch
 (subgraphjit/dropin/layers.py): differential tests against eager TensorFlow
 -- values, gradients and gradient types of the layers' variables and of
-upstream variables -- for recursive tree models built from Keras layers,
-under single ops, patterns and compiled programs, and a subclassed
-keras.Model trained with an optimizer."""
+upstream variables -- for recursive tree models built from Keras layers
+known to be row-wise and from a user's own layers (one tf.vectorized_map,
+or per instance where that fails), under single ops, patterns and compiled
+programs; refused layers, counted; and a subclassed keras.Model trained
+with an optimizer."""
 
-import io
+import collections
 import contextlib
+import io
 
 import keras
 import numpy as np
@@ -15,7 +18,7 @@ import tensorflow
 
 import subgraphjit as sj
 from subgraphjit import VirtualNode
-from subgraphjit.batcher import program
+from subgraphjit.batcher import program, rules
 from gradients import assert_gradient_equal, assert_loss_and_gradients_equal
 import recorded_trees
 from recorded_trees import forced, random_tree
@@ -189,23 +192,246 @@ def test_outside_lazy_recording_layers_behave_as_before():
         assert not isinstance(dense(sj.identity(tensor)), VirtualNode)
 
 
-@pytest.mark.parametrize("make_layer", [
-    lambda: keras.layers.Dropout(0.5),
-    lambda: keras.layers.Dense(2, activation=lambda t: t - tensorflow.reduce_mean(t)),
-    lambda: keras.layers.Embedding(VOCAB, 2, mask_zero=True),
-    lambda: keras.layers.LayerNormalization(),
+# -- a user's own layers: one tf.vectorized_map, or per instance ----------------------
+
+class UserCell(keras.layers.Layer):
+    """A user's own layer, written as with ``import subgraphjit as tf``: a
+    tanh over the concatenated inputs (a list), weights from add_weight."""
+
+    def build(self, shapes):
+        width = sum(shape[-1] for shape in shapes)
+        self.w = self.add_weight(shape=(width, HIDDEN), name="w")
+        self.b = self.add_weight(shape=(HIDDEN,), initializer="random_normal", name="b")
+
+    def call(self, inputs):
+        return sj.tanh(sj.matmul(sj.concat(inputs, 1), self.w) + self.b)
+
+
+class Spectral(keras.layers.Layer):
+    """pfor has no converter for its Svd: vectorized_map fails."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], HIDDEN), name="w")
+
+    def call(self, x):
+        h = sj.matmul(x, self.w)
+        return h * sj.reduce_sum(sj.linalg.svd(sj.reshape(h, [2, 2]), compute_uv=False))
+
+
+class ReadsAValue(keras.layers.Layer):
+    """Reads a value in Python: no trace can take it."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], HIDDEN), name="w")
+
+    def call(self, x):
+        h = sj.matmul(x, self.w)
+        return h / (1.0 + float(sj.reduce_max(sj.abs(h))))
+
+
+class UserTree:
+    """Leaves: a user's cell over an upstream embedding (looked up with
+    tf.gather: an IndexedSlices gradient) and a zero state every leaf
+    shares; inner nodes: another over both children, then ``top``."""
+
+    def __init__(self, rng, top=None):
+        self.embeddings = tensorflow.Variable(
+            rng.standard_normal((VOCAB, EMBEDDING)).astype(np.float32))
+        self.leaf, self.combine = UserCell(), UserCell()
+        self.top = top or keras.layers.Identity()
+        self.layers = [self.leaf, self.combine, self.top]
+        self.zeros = tensorflow.zeros([1, HIDDEN])
+
+    def state(self, tree):
+        if isinstance(tree, int):
+            return self.leaf([sj.gather(self.embeddings, [tree]), self.zeros])
+        return self.top(self.combine([self.state(tree[0]), self.state(tree[1])]))
+
+    def variables(self):
+        return [self.embeddings] + [
+            v for layer in self.layers for v in layer.trainable_variables]
+
+
+@pytest.fixture
+def layer_launches(monkeypatch):
+    """Launches of each layer's batched call (the family rule's runs that
+    did not raise NoRule), by layer."""
+    launches = collections.Counter()
+    rule = rules._FAMILY_RULES["layer"]
+
+    def counted(entry, *args):
+        result = rule(entry, *args)
+        launches[entry.layer()] += 1
+        return result
+    monkeypatch.setitem(rules._FAMILY_RULES, "layer", counted)
+    return launches
+
+
+def layer_unbatched(layer):
+    """Instances of ``layer``'s calls that ran one by one, by reason."""
+    prefix = f"({layer.name})#"
+    return {key: count for key, count in sj.stats()["unbatched"].items()
+            if prefix in key.split(":")[0]}
+
+
+def test_a_users_layer_runs_as_one_vectorized_call(parameters, layer_launches):
+    rng = np.random.default_rng(11)
+    model = UserTree(rng)
+    minibatches = [[random_tree(rng, 4, VOCAB, 0.25) for _ in range(6)] for _ in range(3)]
+    for trees in minibatches:
+        sj.reset_stats()
+        layer_launches.clear()
+        loss, gradients = loss_and_gradients(model, trees, lazy=True)
+        assert forced() == 0, sj.stats()["forced_evaluations"]
+        assert sj.stats()["layers_not_recorded"] == {}
+        counters = [count_calls(layer) for layer in model.layers[:2]]
+        with eager():
+            expected = loss_and_gradients(model, trees, lazy=False)
+        assert_loss_and_gradients_equal((loss, gradients), expected, atol=1e-5)
+        assert type(gradients[0]) is tensorflow.IndexedSlices
+        for layer, counter in zip(model.layers, counters):
+            assert layer_unbatched(layer) == {}
+            assert 0 < layer_launches[layer] < counter[0], (layer_launches, counter)
+            object.__delattr__(layer, "call")   # count_calls's
+
+
+@pytest.mark.parametrize("top, cause", [
+    (Spectral, "No pfor vectorization defined for Svd"),
+    (ReadsAValue, "float() argument must be"),
 ])
-def test_other_layers_evaluate_their_inputs_as_before(make_layer):
-    layer = make_layer()
-    is_ids = isinstance(layer, keras.layers.Embedding)
+def test_a_layer_vectorized_map_cannot_take_runs_per_instance(top, cause, parameters):
+    rng = np.random.default_rng(12)
+    model = UserTree(rng, top())
+    minibatches = [[random_tree(rng, 3, VOCAB, 0.2) for _ in range(5)] for _ in range(3)]
+    for number, trees in enumerate(minibatches):
+        sj.reset_stats()
+        counter = count_calls(model.top)
+        loss, gradients = loss_and_gradients(model, trees, lazy=True)
+        assert forced() == 0, sj.stats()["forced_evaluations"]
+        # Evaluated: the layer's own calls of subgraphjit did not record.
+        assert type(loss) is not VirtualNode
+        launched, counter[0] = counter[0], 0
+        unbatched = layer_unbatched(model.top)
+        with eager():
+            expected = loss_and_gradients(model, trees, lazy=False)
+        assert_loss_and_gradients_equal((loss, gradients), expected, atol=1e-5)
+        (reason, instances), = unbatched.items()
+        assert f"vectorized_map failed: {cause}" in reason
+        assert instances == counter[0]   # every call, one by one
+        if number:   # remembered: no trace tries vectorized_map again
+            assert launched == counter[0]
+        object.__delattr__(model.top, "call")
+
+
+class AddsALoss(keras.layers.Layer):
+    def call(self, x):
+        self.add_loss(sj.reduce_sum(x))
+        return x * 2.0
+
+
+class Counts(keras.layers.Layer):
+    """Assigns a TensorFlow variable of its own when called."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = tensorflow.Variable(0.0, trainable=False)
+
+    def call(self, x):
+        self.calls.assign_add(1.0)
+        return x + self.calls
+
+
+@pytest.mark.parametrize("make_layer, kwargs, reason", [
+    (lambda: keras.layers.Dropout(0.5), {"training": True},
+     "Dropout: it draws random numbers when called"),
+    (lambda: keras.layers.Dense(2, activity_regularizer="l2"), {},
+     "Dense: an activity regularizer adds a loss when called"),
+    (lambda: keras.layers.BatchNormalization(), {"training": True},
+     "BatchNormalization: its call assigns batch_normalization"),
+    (lambda: keras.layers.Embedding(VOCAB, 2, mask_zero=True), {},
+     "Embedding: the output carries a Keras mask"),
+    (lambda: keras.layers.GRUCell(2, dropout=0.5), {"training": True},
+     "GRUCell: dropout draws random masks when called"),
+    (AddsALoss, {}, "AddsALoss: its call adds a loss"),
+    (Counts, {}, "Counts: its call has stateful ops ['AssignAddVariableOp']"),
+])
+def test_refused_layers_run_as_eager_and_are_counted(make_layer, kwargs, reason):
+    """Keras's own call runs, as before (a user's layer may record the ops
+    of its call), with eager's values, losses, updated statistics and
+    variables; each call is counted with the reason."""
+    is_ids = "Embedding" in reason
     value = tensorflow.constant([[1, 2]]) if is_ids else tensorflow.ones([2, 3])
+    args = (value, [tensorflow.zeros([2, 2])]) if "GRUCell" in reason else (value,)
+    layer, reference = make_layer(), make_layer()
+    for built in (layer, reference):
+        built(*args)   # built, in inference: nothing random, nothing updated
+    reference.set_weights(layer.get_weights())
     sj.reset_stats()
-    kwargs = {"training": True} if isinstance(layer, keras.layers.Dropout) else {}
-    result = layer(sj.identity(value), **kwargs)
-    assert not isinstance(result, VirtualNode)
-    assert forced() >= 1   # Keras evaluates the node, as before
-    if not isinstance(layer, keras.layers.Dropout):
-        np.testing.assert_allclose(result.numpy(), layer(value).numpy(), rtol=1e-6)
+    for call in range(2):
+        result = layer(sj.identity(args[0]), *args[1:], **kwargs)
+        expected = reference(*args, **kwargs)
+    (counted, calls), = sj.stats()["layers_not_recorded"].items()
+    assert counted.startswith(f"keras.layers.{reason}") and calls == 2, counted
+    if isinstance(layer, (keras.layers.Dropout, keras.layers.GRUCell)):   # random
+        return
+    np.testing.assert_allclose(np.asarray(result), expected.numpy(), rtol=1e-6)
+    own = [getattr(layer, "calls", 0)] + layer.losses + layer.weights
+    want = [getattr(reference, "calls", 0)] + reference.losses + reference.weights
+    for got, wanted in zip(own, want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(wanted), rtol=1e-6)
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: keras.layers.Dense(2, activation=lambda t: t - tensorflow.reduce_mean(t)),
+    keras.layers.LayerNormalization,
+    keras.layers.BatchNormalization,   # in inference: no statistics update
+    lambda: keras.layers.Dropout(0.5),   # not training: no random mask
+    lambda: keras.layers.Lambda(lambda t: t / tensorflow.reduce_sum(tensorflow.abs(t))),
+])
+def test_other_layers_record_per_instance(make_layer):
+    """A Dense of an activation that may not be row-wise, and layers not
+    known to be row-wise, record one node per call, run per instance (one
+    tf.vectorized_map: each call sees its own operand, as the Lambda's
+    sum over all of it shows), as eager."""
+    layer = make_layer()
+    values = [tensorflow.constant(np.random.default_rng(row).standard_normal((1, 3)),
+                                  tensorflow.float32) for row in range(3)]
+    sj.reset_stats()
+    nodes = [layer(sj.identity(value)) for value in values]
+    assert all(type(node) is VirtualNode for node in nodes)
+    got = sj.build(sj.concat(nodes, 0)).numpy()
+    assert forced() == 0 and sj.stats()["layers_not_recorded"] == {}
+    assert layer_unbatched(layer) == {}
+    expected = np.concatenate([layer(value).numpy() for value in values])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+class TrainingAware(keras.layers.Layer):
+    def call(self, x, training=None):
+        return x * (3.0 if training else 1.0)
+
+
+class Encoder(keras.Model):
+    """Called with a tree in a keyword argument (Keras's own call, whose
+    ``training`` its layers inherit), and recording its layers' calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = TrainingAware()
+
+    def call(self, leaves):
+        return sj.concat([self.scale(sj.identity(leaf)) for leaf in leaves], 0)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_recorded_call_keeps_the_training_it_inherited(training):
+    """Keras gives a layer called in another's call that call's
+    ``training``; the recorded call, evaluated after, keeps it."""
+    leaves = [tensorflow.ones([1, 2]), 2 * tensorflow.ones([1, 2])]
+    result = Encoder()(leaves=leaves, training=training)
+    assert type(result) is VirtualNode
+    np.testing.assert_allclose(result.numpy(), (3.0 if training else 1.0)
+                               * np.array([[1, 1], [2, 2]], np.float32))
 
 
 # -- a subclassed keras.Model recursing over a tree, trained ---------------------------
