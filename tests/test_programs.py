@@ -74,14 +74,7 @@ def test_a_program_reading_keras_variables_equals_eager(compiled):
         value for value in vars(model).values() if isinstance(value, keras.Variable)]
     tf.reset_stats()
     for _ in range(3):   # collect, then compiled
-        examples = model.random_examples(rng, 3)
-        expected_loss, expected = minibatch_loss_and_gradients(tensorflow, model, examples)
-        with tensorflow.GradientTape() as tape:
-            loss = tf.build(tf.add_n([model.loss(tf, e) for e in examples]) / len(examples))
-        gradients = tape.gradient(loss, model.variables)
-        np.testing.assert_allclose(loss.numpy(), expected_loss.numpy(), rtol=1e-5)
-        for got, want in zip(gradients, expected):
-            assert_gradient_equal(got, want)
+        assert_matches_eager(model, model.random_examples(rng, 3))
     assert tf.stats()["program_runs"] >= 1, tf.stats()
 
 

@@ -39,52 +39,44 @@ def granularity(request):
     tf.reset_patterns()
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("model_name", ["bilstm_tagger", "tree_lstm", "mv_rnn",
-                                        "lattice_lstm"])
-def test_optimizer_steps_equal_eager(model_name, optimizer, granularity):
-    rng = np.random.default_rng(7)
-    eager_model = MODELS[model_name](rng)
+def assert_steps_equal_eager(make_model, optimizer, seed):
+    rng = np.random.default_rng(seed)
+    eager_model = make_model(rng)
     minibatches = [eager_model.random_examples(rng, 4) for _ in range(4)]
-    lazy_model = MODELS[model_name](np.random.default_rng(7))
+    lazy_model = make_model(np.random.default_rng(seed))
     # Each module's own optimizer class: subgraphjit's runs its update as
     # one compiled call (dropin/optimizers.py).
     expected = train(tensorflow, eager_model, minibatches,
                      getattr(tensorflow.keras.optimizers, optimizer)(0.05))
     got = train(tf, lazy_model, minibatches, getattr(tf.keras.optimizers, optimizer)(0.05))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    for lazy, eager in zip(lazy_model.variables, eager_model.variables):
+    for lazy, eager in zip(lazy_model.variables, eager_model.variables, strict=True):
         np.testing.assert_allclose(lazy.numpy(), eager.numpy(), rtol=1e-4, atol=1e-5)
+
+
+FOUR = ["bilstm_tagger", "tree_lstm", "mv_rnn", "lattice_lstm"]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("model_name", FOUR)
+def test_optimizer_steps_equal_eager(model_name, optimizer, granularity):
+    assert_steps_equal_eager(MODELS[model_name], optimizer, seed=7)
 
 
 # The other example models, with patterns only (each optimizer's four
-# steps cost a few seconds per model and granularity).
+# steps cost a few seconds per model and granularity).  (RMSprop's first
+# step is about the learning rate times the sign of each gradient entry,
+# so an entry near zero turns float noise into a step: with seed 7 the
+# adaptive-computation model's first gradients agree to 9e-8, its
+# variables after four steps to 1.4e-5, just over the tolerance.)
+@pytest.mark.parametrize("granularity", ["subgraph"], indirect=True)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("model_name", sorted(
-    set(MODELS) - {"bilstm_tagger", "tree_lstm", "mv_rnn", "lattice_lstm"})
-    + sorted(CONTROL_FLOW_MODELS))
-def test_every_example_models_optimizer_steps_equal_eager(model_name, optimizer):
-    previous = tf.get_parameter("granularity"), tf.get_parameter("collect")
-    tf.set_parameter("granularity", "subgraph")
-    tf.set_parameter("collect", 1)
-    tf.reset_patterns()
-    try:
-        make = {**MODELS, **CONTROL_FLOW_MODELS}[model_name]
-        rng = np.random.default_rng(11)
-        eager_model = make(rng)
-        minibatches = [eager_model.random_examples(rng, 4) for _ in range(4)]
-        lazy_model = make(np.random.default_rng(11))
-        expected = train(tensorflow, eager_model, minibatches,
-                         getattr(tensorflow.keras.optimizers, optimizer)(0.05))
-        got = train(tf, lazy_model, minibatches,
-                    getattr(tf.keras.optimizers, optimizer)(0.05))
-    finally:
-        tf.set_parameter("granularity", previous[0])
-        tf.set_parameter("collect", previous[1])
-        tf.reset_patterns()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    for lazy, eager in zip(lazy_model.variables, eager_model.variables, strict=True):
-        np.testing.assert_allclose(lazy.numpy(), eager.numpy(), rtol=1e-4, atol=1e-5)
+@pytest.mark.parametrize("model_name", sorted(set(MODELS) - set(FOUR))
+                         + sorted(CONTROL_FLOW_MODELS))
+def test_every_example_models_optimizer_steps_equal_eager(model_name, optimizer,
+                                                          granularity):
+    assert_steps_equal_eager({**MODELS, **CONTROL_FLOW_MODELS}[model_name], optimizer,
+                             seed=11)
 
 
 @pytest.mark.filterwarnings("ignore:Gradients do not exist")   # the None step

@@ -750,11 +750,10 @@ class _Compiled:
         gradients = (tape.gradient(outputs, sources, output_gradients=upstream)
                      if outputs and sources else [None] * len(sources))
         # (A weight whose gradient is left to after the loop has none here.)
-        deferred_weights = {self.kept[site].shared for site in deferred}
-        if outputs and any(
-                gradient is None and not (len(watched) <= place < len(watched) + len(used)
-                                          and used[place - len(watched)] in deferred_weights)
-                for place, gradient in enumerate(gradients)):
+        deferred_weights = {len(watched) + used.index(self.kept[site].shared)
+                            for site in deferred}
+        if outputs and any(gradient is None and place not in deferred_weights
+                           for place, gradient in enumerate(gradients)):
             # An op with no gradient (tf.stop_gradient, floordiv), or an
             # operand only a dropped output reads: eagerly, a variable
             # reached only through it has no gradient (None), where this

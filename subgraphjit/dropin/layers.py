@@ -10,7 +10,7 @@ as one launch (``layer_rule``):
   runs once on the instances' rows concatenated along axis 0, each
   instance's own first axis;
 * any other layer -- a user's own ``keras.layers.Layer`` subclass, other
-  built-in layers -- is marked per instance (``entry.row_wise`` False):
+  built-in layers -- is marked per instance (``entry.min_rank`` None):
   its calls run as one ``tf.vectorized_map`` over the instances' operands
   stacked on a new leading axis, so each call sees exactly the operand it
   would see eagerly (no row-wise assumption); where vectorized_map cannot
@@ -309,8 +309,7 @@ def _make_entry(layer, original):
     entry = OpEntry(name, original, FAMILY)
     entry.layer = weakref.ref(layer)   # an entry must not keep its layer alive...
     entry.held, entry.watched = None, set()   # ... but its live nodes do
-    entry.min_rank = _row_wise_rank(layer)
-    entry.row_wise = entry.min_rank is not None   # else per instance
+    entry.min_rank = _row_wise_rank(layer)   # None: per instance
     entry.vectorized = None        # per instance: the tf.function of _map_calls
     entry.not_vectorized = None    # ... or why vectorized_map failed, once it did
     entry.output_structure = None      # the first output decides, for every key
@@ -342,7 +341,7 @@ def _infer(entry, inputs, attrs, key, site):
         raise NotLazy(entry.refused_keys[key])
     operand_specs = key[2:-1]
     try:
-        if entry.row_wise:
+        if entry.min_rank is not None:
             outputs, reason = _called(entry, attrs, operand_specs), None
         else:
             outputs, reason = _traced(entry, attrs, operand_specs)
@@ -446,7 +445,7 @@ def _output_refusal(entry, outputs):
 def layer_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """All instances' calls of one layer as one launch; ``values``,
     ``shared`` and ``ranks`` end with ``_MARKER``'s place."""
-    if entry.row_wise:
+    if entry.min_rank is not None:
         return _row_wise_rule(entry, attrs, values[:-1], shared[:-1], ranks[:-1], count)
     return _vectorized_rule(entry, attrs, values[:-1], tuple(shared[:-1]))
 
@@ -503,13 +502,13 @@ def _vectorized_rule(entry, attrs, values, shared):
     if entry.vectorized is None:
         entry.vectorized = tf.function(functools.partial(_map_calls, entry))
     try:   # (traced once per specs: each count of instances runs the same)
-        entry.vectorized.get_concrete_function(
+        traced = entry.vectorized.get_concrete_function(
             [tf.TensorSpec([None, *value.shape[1:]], value.dtype) for value in stacked],
             whole, shared, attrs)
     except Exception as error:
         entry.not_vectorized = f"vectorized_map failed: {_cause(error)}"
         raise NoRule(entry.not_vectorized) from None
-    return entry.vectorized(stacked, whole, shared, attrs)
+    return traced(stacked, whole, shared, attrs)
 
 
 def _map_calls(entry, stacked, whole, shared, attrs):
