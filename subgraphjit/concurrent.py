@@ -235,7 +235,9 @@ def map(fn, items):  # noqa: A001 (tf.batching.map, as the user writes it)
     items = list(items)
     if not items:
         return []
-    if not context.lazy:   # eager mode: nothing is recorded, nothing to batch
+    if not context.lazy or len(items) == 1:
+        # Eager mode records nothing; one instance has nothing to batch
+        # with: its reads evaluate where they are, as in a plain loop.
         return [fn(item) for item in items]
     coordinator = _Coordinator(fn, items)
     # Like a scope: everything recorded stays alive until the map ends, so

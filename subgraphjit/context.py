@@ -308,6 +308,9 @@ class Context:
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,
+            # Evaluations with nothing or little to batch, run op by op in
+            # recording order (batcher/execute.py, _run_in_order).
+            "unshared_evaluations": 0,
             # Batches over varying shapes (batcher/varying.py), by op name:
             # launches, and the instances they ran; output elements computed
             # for padding (only padded batches pad: rows are concatenated).

@@ -65,11 +65,21 @@ def forced_site(frame):
         return "unknown read"
 
 
+# A site by the frames its read came through (code and instruction each)
+# and the working directory files are shown relative to: a plain loop
+# reads at the same few places again and again, and naming one from its
+# bytecode cost more than the eager ops of a small evaluation.
+_SITES = {}
+_SITES_KEPT = 4096
+
+
 def _site(frame):
     reader = None   # the outermost of our frames the read came through
     library = []    # library frames between the read and the user, innermost first
     origin = None
+    walked = [os.getcwd()]
     while frame is not None:
+        walked.append((frame.f_code, frame.f_lasti))
         kind = frame_kind(frame)
         if kind == "user":
             break
@@ -87,6 +97,19 @@ def _site(frame):
         else:
             library.append(frame)
         frame = frame.f_back
+    key = tuple(walked)
+    site = _SITES.get(key)
+    if site is None:
+        if len(_SITES) >= _SITES_KEPT:
+            _SITES.clear()
+        site = _SITES[key] = _described_site(frame, reader, library, origin)
+    return site
+
+
+def _described_site(frame, reader, library, origin):
+    """The site of a read, from the frames ``_site`` found: the user's
+    (None if none is on the stack), our outermost reader, the library
+    frames in between, and autograph's origin of the user's line."""
     if frame is None:   # no user code on the stack
         return _library_name(library, None) or _reader_name(reader)
     instructions, index = _instructions(frame.f_code), _index(frame.f_code, frame.f_lasti)

@@ -10,6 +10,10 @@ from . import layout, plan, program, varying
 from .executor import Executor
 from .graph import BatchGraph, NodeOperand
 
+# An evaluation whose batches are more than this share of its nodes runs
+# op by op (little_to_share).
+LITTLE_SHARED = 0.75
+
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
             required=(), pipelined=False):
@@ -27,8 +31,12 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     runs here as always."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
+    if nothing_to_share(graph):
+        return _run_in_order(graph, statistics, started)
     varying.merge_types(graph)
     batches = scheduler.schedule(graph)
+    if little_to_share(graph, batches):
+        return _run_in_order(graph, statistics, started)
     compiled = None
     recording = program.could_record()
     if compile_after and batches and graph.varying:
@@ -80,6 +88,41 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     statistics["execute_seconds"] += finished - analysed
     statistics["duplicates_skipped"] += graph.duplicates
     return graph
+
+
+def _run_in_order(graph, statistics, started):
+    """Run the graph's nodes one by one in recording order, as eager
+    TensorFlow would: no program (whose planning and call cost more than a
+    few launches), no stacked operands, and results that later reads take
+    whole rather than as rows of a batch (a plain loop's reads of one
+    instance's values, a minibatch of one: BENCHMARKS.md)."""
+    statistics["unshared_evaluations"] += 1
+    overlap.end()
+    analysed = time.perf_counter()
+    executor = Executor(graph, statistics)
+    executor.run_in_order()
+    executor.write_back()
+    statistics["analysis_seconds"] += analysed - started
+    statistics["execute_seconds"] += time.perf_counter() - analysed
+    statistics["duplicates_skipped"] += graph.duplicates
+    return graph
+
+
+def nothing_to_share(graph):
+    """Whether no two of the graph's nodes have one batching type, so that
+    no batch could hold two nodes.  (Types that differ only in a length
+    are not joined for such a graph: a minibatch of one instance rarely
+    has any.)"""
+    if 2 * len(graph.types) < len(graph):   # (a large minibatch, quickly)
+        return False
+    return len(graph.types) == sum(1 for node_type in graph.type_of if node_type >= 0)
+
+
+def little_to_share(graph, batches):
+    """Whether batching saves less than a quarter of the launches
+    (LITTLE_SHARED): then stacking operands and taking rows back out of
+    batched results costs more than the launches it saves."""
+    return len(batches) > LITTLE_SHARED * sum(len(batch) for batch in batches)
 
 
 def order_rows(graph, batches):
