@@ -203,3 +203,53 @@ def test_debug_prints_a_summary_per_evaluation(capsys):
     summary = capsys.readouterr().err
     assert "launches (scheduler agenda)" in summary
     assert "batch sizes: mean" in summary and "gathers" in summary
+
+
+def test_a_minibatch_of_one_with_nothing_to_batch_runs_op_by_op(scheduler):
+    """One attention instance: no two of its nodes have one batching type,
+    so its nodes run one by one in recording order (no schedule, no
+    program), and the loss, gradients and their types are eager's."""
+    rng = np.random.default_rng(12)
+    model = MODELS["attention"](rng)
+    examples = model.random_examples(rng, 1)
+    expected = minibatch_loss_and_gradients(tensorflow, model, examples)
+    tf.reset_stats()
+    got = minibatch_loss_and_gradients(tf, model, examples)
+    assert_loss_and_gradients_equal(got, expected)
+    stats = tf.stats()
+    if scheduler != "none":
+        assert stats["unshared_evaluations"] == stats["evaluations"] == 1
+        assert stats["batch_sizes"] == {1: stats["nodes_evaluated"]}
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["little", "much"])
+def test_an_evaluation_batches_only_where_batching_saves_launches(shared, scheduler):
+    """Eight ops of which two could share a launch (7 launches for 8 nodes)
+    run op by op; twelve instances of one op and one sum (2 launches for 13
+    nodes) batch.  Both give eager's values, gradients and their types."""
+    weight = tensorflow.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+    table = tensorflow.Variable(np.linspace(0, 1, 15, dtype=np.float32).reshape(5, 3))
+
+    def loss(module):
+        if shared:
+            rows = [module.matmul(module.nn.embedding_lookup(table, [k % 5]), weight)
+                    for k in range(6)]
+            return module.reduce_sum(module.add_n(rows))
+        h = module.tanh(module.nn.embedding_lookup(table, [1, 3]))
+        left = module.matmul(h * 2.0, weight)
+        right = module.matmul(module.sigmoid(h), weight)
+        return module.reduce_sum(module.exp(left + right))
+
+    results = []
+    for module in (tensorflow, tf):
+        tf.reset_stats()
+        with module.GradientTape() as tape:
+            total = loss(module)
+            if module is tf:
+                total = tf.build(total)
+        results.append((total, tape.gradient(total, [weight, table])))
+    assert_loss_and_gradients_equal(results[1], results[0])
+    stats = tf.stats()
+    if scheduler != "none":
+        assert (stats["unshared_evaluations"] == 1) is not shared
+        assert (max(stats["batch_sizes"]) > 1) is shared

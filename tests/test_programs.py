@@ -16,7 +16,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
-from subgraphjit.batcher import plan as plans, program
+from subgraphjit.batcher import execute, plan as plans, program
 from subgraphjit.batcher.graph import BatchGraph
 from subgraphjit.batcher.schedulers import SCHEDULERS
 from subgraphjit.context import context
@@ -30,9 +30,11 @@ from test_patterns import assert_matches_eager
 @pytest.fixture
 def compiled(monkeypatch):
     """Patterns from the first minibatch on; every program compiled at its
-    first sighting, however many node kinds it has (so that every model's
-    programs are checked, not only those compiled by default)."""
+    first sighting, however many node kinds it has and however little
+    its minibatch batches (so that every model's programs are checked,
+    not only those compiled by default)."""
     monkeypatch.setattr(program, "MAX_KINDS", 10**6)
+    monkeypatch.setattr(execute, "LITTLE_SHARED", 1.0)
     keys = ("compile", "granularity", "collect")
     previous = [tf.get_parameter(key) for key in keys]
     for key, value in zip(keys, (1, "subgraph", 1)):

@@ -31,8 +31,6 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     runs here as always."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
-    if nothing_to_share(graph):
-        return _run_in_order(graph, statistics, started)
     varying.merge_types(graph)
     batches = scheduler.schedule(graph)
     if little_to_share(graph, batches):
@@ -94,8 +92,7 @@ def _run_in_order(graph, statistics, started):
     """Run the graph's nodes one by one in recording order, as eager
     TensorFlow would: no program (whose planning and call cost more than a
     few launches), no stacked operands, and results that later reads take
-    whole rather than as rows of a batch (a plain loop's reads of one
-    instance's values, a minibatch of one: BENCHMARKS.md)."""
+    whole rather than as rows of a batch (BENCHMARKS.md)."""
     statistics["unshared_evaluations"] += 1
     overlap.end()
     analysed = time.perf_counter()
@@ -108,20 +105,11 @@ def _run_in_order(graph, statistics, started):
     return graph
 
 
-def nothing_to_share(graph):
-    """Whether no two of the graph's nodes have one batching type, so that
-    no batch could hold two nodes.  (Types that differ only in a length
-    are not joined for such a graph: a minibatch of one instance rarely
-    has any.)"""
-    if 2 * len(graph.types) < len(graph):   # (a large minibatch, quickly)
-        return False
-    return len(graph.types) == sum(1 for node_type in graph.type_of if node_type >= 0)
-
-
 def little_to_share(graph, batches):
     """Whether batching saves less than a quarter of the launches
     (LITTLE_SHARED): then stacking operands and taking rows back out of
-    batched results costs more than the launches it saves."""
+    batched results costs more than the launches it saves (a minibatch of
+    one instance, a plain loop's reads of one instance's values)."""
     return len(batches) > LITTLE_SHARED * sum(len(batch) for batch in batches)
 
 

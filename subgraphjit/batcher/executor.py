@@ -186,8 +186,8 @@ class Executor:
             self.row_of[index] = row
 
     def run_in_order(self):
-        """Every node on its own, in recording order (a graph with nothing
-        to batch, execute.nothing_to_share)."""
+        """Every node on its own, in recording order (a graph with little
+        to batch, execute.little_to_share)."""
         indices = [index for index, node_type in enumerate(self.graph.type_of)
                    if node_type >= 0]
         self.statistics["batches"] += len(indices)
