@@ -1,10 +1,11 @@
 """subgraphjit's own public functions, on top of the drop-in namespace."""
 
 import contextlib
+import sys
 
 import tensorflow as tf
 
-from . import concurrent, overlap
+from . import concurrent, eager_scopes, overlap
 from .batcher.program import PROGRAMS
 from .context import context
 from .evaluate import build, evaluate
@@ -49,11 +50,13 @@ def patterns():
 
 
 def reset_patterns():
-    """Forget collected statistics and patterns, and compiled programs: the
-    next ``collect`` evaluations collect again, and programs compile anew
-    with a fresh budget (for a new model, or new data)."""
+    """Forget collected statistics and patterns, compiled programs, and
+    which scopes run eagerly: the next ``collect`` evaluations collect
+    again, and programs compile anew with a fresh budget (for a new model,
+    or new data)."""
     SEARCH.reset()
     PROGRAMS.clear()
+    eager_scopes.reset()
 
 
 def access(outputs, index):
@@ -72,16 +75,23 @@ def batching():
     This is the batching scope of JIT dynamic batching: the work recorded in
     one scope is evaluated together (and, with the batching layer, batched).
     """
+    judged = eager_scopes.enter(sys._getframe(2))   # (the user's frame)
     context.open_scope()
     try:
         yield
     except BaseException:
         context.close_scope()
+        eager_scopes.leave(judged, failed=True)
         raise
-    evaluate(context.close_scope(), required=())
-    # (A pipelined part may be all there was: its program may still run.)
-    if overlap.holding():
-        overlap.end()
+    try:
+        evaluate(context.close_scope(), required=())
+        # (A pipelined part may be all there was: its program may still run.)
+        if overlap.holding():
+            overlap.end()
+    except BaseException:
+        eager_scopes.leave(judged, failed=True)
+        raise
+    eager_scopes.leave(judged)
 
 
 # tf.batching.map(fn, items): the instances of a minibatch run concurrently,
@@ -99,22 +109,27 @@ class GradientTape(tf.GradientTape):
     """
 
     def __enter__(self):
+        self._judged = eager_scopes.enter(sys._getframe(1))
         context.open_scope()
         try:
             entered = super().__enter__()
         except BaseException:
             context.close_scope()
+            eager_scopes.leave(self._judged, failed=True)
             raise
         context.tapes += 1
         return entered
 
     def __exit__(self, kind, error, traceback):
         recorded = context.close_scope()
+        failed = True
         try:
             if kind is None:
                 evaluate(recorded, required=())
+                failed = False
         finally:
             context.tapes -= 1
+            eager_scopes.leave(self._judged, failed)
             result = super().__exit__(kind, error, traceback)
         return result
 

@@ -111,6 +111,12 @@ PARAMETERS = {
         "on an asynchronous TensorFlow executor, so that they run while "
         "the next minibatch records (overlap.py); False: every op runs "
         "where it is called"),
+    "eager_scopes": Parameter(
+        True, _parse_flag, _is_flag,
+        "run a scope (tf.batching(), tf.GradientTape()) eagerly, recording "
+        "nothing, at a line whose scopes had nothing to batch, where that "
+        "measured faster (eager_scopes.py; a minibatch of one, a loop that "
+        "reads each instance's values); False: every scope records"),
     "pipeline": Parameter(
         40_000, int, lambda value: _positive_int(value) or value == 0,
         "in inference (no tape could record), once a scope holds this many "
@@ -296,6 +302,8 @@ class Context:
         self.concurrent_rounds = 0
         self.concurrent_reads = 0
         self.concurrent_read_sites = collections.Counter()
+        # Outermost scopes run eagerly, nothing recorded (eager_scopes.py).
+        self.scopes_run_eagerly = 0
         self.evaluate_seconds = 0.0
         self.batching = {
             "batches": 0, "lower_bound": 0, "batch_sizes": collections.Counter(),
@@ -310,7 +318,7 @@ class Context:
             "program_runs": 0, "program_steps": 0,
             # Evaluations with nothing or little to batch, run op by op in
             # recording order (batcher/execute.py, _run_in_order).
-            "unshared_evaluations": 0,
+            "unshared_evaluations": 0, "unshared_nodes": 0,
             # Batches over varying shapes (batcher/varying.py), by op name:
             # launches, and the instances they ran; output elements computed
             # for padding (only padded batches pad: rows are concatenated).
@@ -339,6 +347,7 @@ class Context:
             "concurrent_rounds": self.concurrent_rounds,
             "concurrent_reads": self.concurrent_reads,
             "concurrent_read_sites": dict(self.concurrent_read_sites.most_common()),
+            "scopes_run_eagerly": self.scopes_run_eagerly,
             "shape_inferences": self.shape_inferences,
             "inference_seconds": self.inference_seconds,
             "patterns": len(self.patterns or {}),

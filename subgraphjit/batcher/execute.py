@@ -94,6 +94,7 @@ def _run_in_order(graph, statistics, started):
     few launches), no stacked operands, and results that later reads take
     whole rather than as rows of a batch (BENCHMARKS.md)."""
     statistics["unshared_evaluations"] += 1
+    statistics["unshared_nodes"] += len(graph)
     overlap.end()
     analysed = time.perf_counter()
     executor = Executor(graph, statistics)

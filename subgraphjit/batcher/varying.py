@@ -45,6 +45,8 @@ buffers hold rows of one shape.  An evaluation holding patterns is not
 joined (``merge_types``).
 """
 
+import collections
+
 import numpy as np
 import tensorflow as tf
 
@@ -79,9 +81,16 @@ def merge_types(graph):
         # the ops around them made the minibatch slower, not faster
         # (self_attention_varlen: 0.85x eager against 1.42x unjoined).
         return
+    # Only types whose op another type shares can join (a small graph
+    # has few: this is most of its evaluation's analysis otherwise).
+    ops = collections.Counter(batching_type.entry for batching_type in batching_types)
+    candidates = [node_type for node_type, batching_type in enumerate(batching_types)
+                  if ops[batching_type.entry] > 1]
+    if not candidates:
+        return
     groups = {}
-    for node_type, batching_type in enumerate(batching_types):
-        key = _length_free_key(batching_type)
+    for node_type in candidates:
+        key = _length_free_key(batching_types[node_type])
         if key is not None:
             groups.setdefault(key, []).append(node_type)
     groups = [types for types in groups.values() if len(types) > 1]
@@ -113,9 +122,9 @@ def merge_types(graph):
     # Then the types that differ in later axes too (a score matrix [n, n]):
     # padded to the largest instance.
     groups = {}
-    for node_type, batching_type in enumerate(batching_types):
+    for node_type in candidates:
         if node_type not in merged_into:
-            key = _shape_free_key(batching_type)
+            key = _shape_free_key(batching_types[node_type])
             if key is not None:
                 groups.setdefault(key, []).append(node_type)
     for types in groups.values():

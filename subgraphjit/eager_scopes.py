@@ -1,0 +1,150 @@
+"""Scopes with nothing to batch run eagerly.
+
+Recording costs a little per op and an evaluation a little more, which
+batching repays many times over where a minibatch's instances share work.
+Where they share none (a minibatch of one sequence whose ops all differ,
+a loop that reads each instance's values one at a time), the same ops run
+op by op in the end (batcher/execute.py, ``little_to_share``), and the
+recording was pure cost: 25-30% over eager TensorFlow on this project's
+VM for a 12-op attention instance (BENCHMARKS.md).
+
+So each outermost scope (``tf.batching()``, ``tf.GradientTape()``) is
+judged by the line that opens it.  After ``WATCHED`` scopes in a row at
+that line that evaluated most of their nodes op by op, the line's next
+scopes take turns eagerly (TensorFlow runs each op at once, nothing is
+recorded) and lazily, ``TIMED`` of each, and the faster is kept; a lazy
+scope in the turns that did batch ends them, lazily.  A line kept eager
+is recorded again after ``PROBE`` scopes, then after twice as many, up
+to ``LONGEST_PROBE`` (a probe's lazy evaluation may do the granularity
+trial's one-off work, tens of milliseconds: probing every 32 scopes cost
+a minibatch of one a quarter of its speed): if that scope batches
+(minibatches grew, say), the line is watched afresh.  Results are the
+same either way (eager TensorFlow is the reference every lazy path is
+tested against); ``stats()["scopes_run_eagerly"]`` counts these scopes.
+``set_parameter("eager_scopes", False)`` records every scope.
+"""
+
+import statistics
+import time
+
+from . import overlap
+from .context import context
+
+WATCHED = 3
+# A scope had little to batch when this share of the nodes it evaluated
+# ran op by op (a plain loop's scope batches only its last evaluation).
+UNSHARED = 0.5
+TIMED = 3
+PROBE = 32
+LONGEST_PROBE = 512
+# Lines remembered (the oldest forgotten first): a program opens scopes at
+# a handful.
+KEPT = 256
+
+
+class _Line:
+    __slots__ = ("unshared", "times", "eager", "scopes", "probe")
+
+    def __init__(self):
+        self.unshared = 0          # lazy scopes in a row with little to batch
+        self.times = None          # while taking turns: {eager?: [seconds]}
+        self.eager = False         # kept eager
+        self.scopes = 0            # scopes since kept eager or probed
+        self.probe = PROBE         # ... after which a scope is recorded
+
+
+class Scope:
+    """One outermost scope being judged: ``eager`` says how it runs."""
+
+    __slots__ = ("line", "eager", "started", "evaluated", "unshared")
+
+    def __init__(self, line, eager):
+        self.line, self.eager = line, eager
+        self.started = time.perf_counter()
+        self.evaluated = context.nodes_evaluated
+        self.unshared = context.batching["unshared_nodes"]
+
+
+_lines = {}
+
+
+def reset():
+    """Forget every line's judgement (``tf.reset_patterns``)."""
+    _lines.clear()
+
+
+def enter(frame):
+    """A scope opens at ``frame``'s line: the Scope to ``leave`` with, or
+    None for a nested scope or with the parameter off.  An eager scope
+    records nothing until it leaves."""
+    if context.scopes or not context.lazy or not context.parameters["eager_scopes"]:
+        return None
+    key = (frame.f_code, frame.f_lasti)
+    line = _lines.get(key)
+    if line is None:
+        if len(_lines) >= KEPT:
+            del _lines[next(iter(_lines))]
+        line = _lines[key] = _Line()
+    if line.eager:
+        line.scopes += 1
+        eager = line.scopes < line.probe
+    elif line.times is not None:
+        eager = len(line.times[True]) <= len(line.times[False])
+    else:
+        eager = False
+    if eager:
+        # Ops now run where they are called (the backward's queue ends).
+        overlap.end()
+        context.lazy = False
+        context.scopes_run_eagerly += 1
+    return Scope(line, eager)
+
+
+def leave(scope, failed=False):
+    """The scope has closed (and, if lazy, evaluated what it recorded), or
+    ``failed`` with an exception (which tells nothing)."""
+    if scope is None:
+        return
+    seconds = time.perf_counter() - scope.started
+    line = scope.line
+    if scope.eager:
+        context.lazy = True
+    if failed:
+        return
+    if scope.eager:
+        if line.times is not None:
+            line.times[True].append(seconds)
+            _decide(line)
+        return
+    evaluated = context.nodes_evaluated - scope.evaluated
+    unshared = context.batching["unshared_nodes"] - scope.unshared
+    if not (evaluated > 0 and unshared >= UNSHARED * evaluated):
+        # It batched (or evaluated nothing): recorded from now on, and
+        # watched afresh.
+        line.unshared, line.times, line.eager, line.scopes = 0, None, False, 0
+        line.probe = PROBE
+        return
+    if line.eager:   # a probe that found nothing to batch either
+        line.scopes, line.probe = 0, min(2 * line.probe, LONGEST_PROBE)
+        return
+    if line.times is not None:
+        line.times[False].append(seconds)
+        _decide(line)
+        return
+    line.unshared += 1
+    if line.unshared >= WATCHED:
+        line.times = {True: [], False: []}
+
+
+def _decide(line):
+    if min(map(len, line.times.values())) < TIMED:
+        return
+    line.eager = faster(line.times[True], line.times[False])
+    # Kept lazy: turns again only after as many scopes as a probe waits.
+    line.times, line.unshared, line.scopes = None, 0 if line.eager else -line.probe, 0
+
+
+def faster(eager_seconds, lazy_seconds):
+    """Whether the eager turns were faster (medians: one slow turn, a
+    collector's sweep, decides nothing)."""
+    return statistics.median(eager_seconds) < statistics.median(lazy_seconds)
