@@ -199,12 +199,16 @@ WEIGHTS = tensorflow.Variable(np.full((2, 2), 0.3, np.float32))
 
 @pytest.fixture
 def op_granularity():
-    """Batches counted op by op: no patterns, whatever other tests found."""
+    """Batches counted op by op: no patterns, whatever other tests found;
+    every scope recorded (a plain loop's scope, whose reads evaluate op by
+    op, would run eagerly after a few: eager_scopes.py)."""
     previous = tf.get_parameter("granularity")
     tf.set_parameter("granularity", "op")
+    tf.set_parameter("eager_scopes", False)
     tf.reset_stats()
     yield
     tf.set_parameter("granularity", previous)
+    tf.set_parameter("eager_scopes", True)
 
 
 def instance(k, layers=4):
