@@ -15,9 +15,9 @@ scopes take turns eagerly (TensorFlow runs each op at once, nothing is
 recorded) and lazily, ``TIMED`` of each, and the faster is kept; a lazy
 scope in the turns that did batch ends them, lazily.  A line kept eager
 is recorded again after ``PROBE`` scopes, then after twice as many, up
-to ``LONGEST_PROBE`` (a probe's lazy evaluation may do the granularity
-trial's one-off work, tens of milliseconds: probing every 32 scopes cost
-a minibatch of one a quarter of its speed): if that scope batches
+to ``LONGEST_PROBE``, op by op and compiling nothing (probing every 32
+scopes, with the granularity trial's one-off work in the probes, cost a
+minibatch of one a quarter of its speed): if that scope batches
 (minibatches grew, say), the line is watched afresh.  Results are the
 same either way (eager TensorFlow is the reference every lazy path is
 tested against); ``stats()["scopes_run_eagerly"]`` counts these scopes.
@@ -66,6 +66,10 @@ class Scope:
 
 
 _lines = {}
+# A probe is running: its evaluations go op by op, compiling nothing
+# (evaluate.py), since the granularity trial's one-off work (collecting
+# patterns, compiling programs at first sight) cost each probe tens of ms.
+probing = False
 
 
 def reset():
@@ -77,6 +81,7 @@ def enter(frame):
     """A scope opens at ``frame``'s line: the Scope to ``leave`` with, or
     None for a nested scope or with the parameter off.  An eager scope
     records nothing until it leaves."""
+    global probing
     if context.scopes or not context.lazy or not context.parameters["eager_scopes"]:
         return None
     key = (frame.f_code, frame.f_lasti)
@@ -88,6 +93,7 @@ def enter(frame):
     if line.eager:
         line.scopes += 1
         eager = line.scopes < line.probe
+        probing = not eager
     elif line.times is not None:
         eager = len(line.times[True]) <= len(line.times[False])
     else:
@@ -103,10 +109,12 @@ def enter(frame):
 def leave(scope, failed=False):
     """The scope has closed (and, if lazy, evaluated what it recorded), or
     ``failed`` with an exception (which tells nothing)."""
+    global probing
     if scope is None:
         return
     seconds = time.perf_counter() - scope.started
     line = scope.line
+    probing = False
     if scope.eager:
         context.lazy = True
     if failed:

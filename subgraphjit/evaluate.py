@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from . import _native, concurrent, forced, overlap
+from . import _native, concurrent, eager_scopes, forced, overlap
 from .batcher.execute import execute
 from .batcher.program import could_record
 from .batcher.schedulers import SCHEDULERS, fsm, lower_bound
@@ -88,14 +88,17 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
         # (With patterns, the search walks the graph from the targets; the
         # unevaluated ancestors are found only when it needs them.  It
         # rewrites matched nodes in place into pattern nodes.)
-        if context.parameters["granularity"] != "op":
+        # A probe of a line run eagerly (eager_scopes.py) only asks whether
+        # its scope batches: op by op, nothing compiled.
+        probing = eager_scopes.probing
+        if context.parameters["granularity"] != "op" and not probing:
             nodes = search.optimize(targets, targets if required is None else required)
         else:
             nodes = unevaluated_ancestors(targets)
         context.session += 1
         before = context.stats() if context.parameters["debug"] else None
         if compile_after is None:
-            compile_after = (0 if forced_by is concurrent.ROUND
+            compile_after = (0 if forced_by is concurrent.ROUND or probing
                              else context.parameters["compile"])
         if (compile_after and context.parameters["granularity"] != "op"
                 and search.SEARCH.trial_settling):

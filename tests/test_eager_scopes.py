@@ -70,11 +70,15 @@ def test_a_probe_that_batches_records_the_line_again(eager_wins, monkeypatch):
     for _ in range(JUDGED):       # one instance: nothing to batch
         scope(1)
     tf.reset_stats()
-    for _ in range(4):            # eight: the probe batches
+    for _ in range(2):            # eight: eagerly, then the probe batches,
         scope(8)
     stats = tf.stats()
-    assert stats["scopes_run_eagerly"] == 1   # until the probe
-    assert stats["batches"] == 2 * 3          # then each scope batches
+    assert stats["scopes_run_eagerly"] == 1 and stats["batches"] == 2
+    # ... op by op, searching and compiling nothing.
+    assert stats["search_seconds"] == stats["programs_compiled"] == 0
+    for _ in range(2):            # then each scope batches
+        scope(8)
+    assert tf.stats()["scopes_run_eagerly"] == 1 and tf.stats()["batches"] == 2 * 3
 
 
 def test_a_line_whose_scopes_batch_is_never_run_eagerly(eager_wins):
