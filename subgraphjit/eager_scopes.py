@@ -10,10 +10,12 @@ VM for a 12-op attention instance (BENCHMARKS.md).
 
 So each outermost scope (``tf.batching()``, ``tf.GradientTape()``) is
 judged by the line that opens it.  After ``WATCHED`` scopes in a row at
-that line that evaluated most of their nodes op by op, the line's next
-scopes take turns eagerly (TensorFlow runs each op at once, nothing is
-recorded) and lazily, ``TIMED`` of each, and the faster is kept; a lazy
-scope in the turns that did batch ends them, lazily.  A line kept eager
+that line that evaluated most of their nodes op by op, or batched few
+nodes a launch, the line's next scopes take turns eagerly (TensorFlow
+runs each op at once, nothing is recorded) and lazily, ``TIMED`` of
+each (a lazy turn that compiled or traced is taken again), and the
+faster is kept; a lazy scope in the turns that batched more ends them,
+lazily.  A line kept eager
 is recorded again after ``PROBE`` scopes, then after twice as many, up
 to ``LONGEST_PROBE``, op by op and compiling nothing (probing every 32
 scopes, with the granularity trial's one-off work in the probes, cost a
@@ -29,11 +31,15 @@ import time
 
 from . import overlap
 from .context import context
+from .patterns.search import one_off_work
 
 WATCHED = 3
 # A scope had little to batch when this share of the nodes it evaluated
-# ran op by op (a plain loop's scope batches only its last evaluation).
+# ran op by op (a plain loop's scope batches only its last evaluation),
+# or its launches ran fewer than this many nodes each on average (a
+# lattice of one sentence: 2 at most; trees, with patterns: about 2).
 UNSHARED = 0.5
+BATCHED = 2
 TIMED = 3
 PROBE = 32
 LONGEST_PROBE = 512
@@ -56,13 +62,16 @@ class _Line:
 class Scope:
     """One outermost scope being judged: ``eager`` says how it runs."""
 
-    __slots__ = ("line", "eager", "started", "evaluated", "unshared")
+    __slots__ = ("line", "eager", "started", "evaluated", "unshared", "batches",
+                 "one_off")
 
     def __init__(self, line, eager):
         self.line, self.eager = line, eager
         self.started = time.perf_counter()
         self.evaluated = context.nodes_evaluated
         self.unshared = context.batching["unshared_nodes"]
+        self.batches = context.batching["batches"]
+        self.one_off = one_off_work()
 
 
 _lines = {}
@@ -126,7 +135,9 @@ def leave(scope, failed=False):
         return
     evaluated = context.nodes_evaluated - scope.evaluated
     unshared = context.batching["unshared_nodes"] - scope.unshared
-    if not (evaluated > 0 and unshared >= UNSHARED * evaluated):
+    batches = context.batching["batches"] - scope.batches
+    if not (evaluated > 0 and (unshared >= UNSHARED * evaluated
+                               or batches * BATCHED >= evaluated)):
         # It batched (or evaluated nothing): recorded from now on, and
         # watched afresh.
         line.unshared, line.times, line.eager, line.scopes = 0, None, False, 0
@@ -136,8 +147,11 @@ def leave(scope, failed=False):
         line.scopes, line.probe = 0, min(2 * line.probe, LONGEST_PROBE)
         return
     if line.times is not None:
-        line.times[False].append(seconds)
-        _decide(line)
+        # (A turn that traced, compiled or inferred shapes is taken again:
+        # it timed work done once.)
+        if one_off_work() == scope.one_off:
+            line.times[False].append(seconds)
+            _decide(line)
         return
     line.unshared += 1
     if line.unshared >= WATCHED:

@@ -223,7 +223,7 @@ class PatternSearch:
         context.pattern_fusions += len(joined)
 
 
-def _one_off_work():
+def one_off_work():
     """Counters of work an evaluation does once per new shape or key."""
     return (context.pattern_traces, context.shape_inferences,
             context.batching["compile_seconds"])   # (grows with each compile tried)
@@ -287,7 +287,7 @@ class Trial:
         if self.timing is not None:
             unit, started, count, work = self.timing
             self.timing = None
-            if work != _one_off_work() and self.retimed < self.RETIMES:
+            if work != one_off_work() and self.retimed < self.RETIMES:
                 self.retimed += 1
                 self.timed -= 1   # (this unit's turn again)
                 return
@@ -320,7 +320,7 @@ class Trial:
             return chosen
         unit = self.TIMED[self.timed]
         self.timed += 1
-        self.timing = (unit, now, nodes, _one_off_work())
+        self.timing = (unit, now, nodes, one_off_work())
         return unit
 
     def _separated(self):
