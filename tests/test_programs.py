@@ -31,13 +31,13 @@ from test_patterns import assert_matches_eager
 def compiled(monkeypatch):
     """Patterns from the first minibatch on; every program compiled at its
     first sighting, however many node kinds it has and however little
-    its minibatch batches (so that every model's programs are checked,
-    not only those compiled by default)."""
+    its minibatch batches, every scope recorded (so that every model's
+    programs are checked, not only those compiled by default)."""
     monkeypatch.setattr(program, "MAX_KINDS", 10**6)
     monkeypatch.setattr(execute, "LITTLE_SHARED", 1.0)
-    keys = ("compile", "granularity", "collect")
+    keys = ("compile", "granularity", "collect", "eager_scopes")
     previous = [tf.get_parameter(key) for key in keys]
-    for key, value in zip(keys, (1, "subgraph", 1)):
+    for key, value in zip(keys, (1, "subgraph", 1, False)):
         tf.set_parameter(key, value)
     tf.reset_patterns()
     program.PROGRAMS.clear()
