@@ -76,6 +76,14 @@ def batching():
     one scope is evaluated together (and, with the batching layer, batched).
     """
     judged = eager_scopes.enter(sys._getframe(2))   # (the user's frame)
+    if judged is not None and judged.eager:   # nothing to record, nor evaluate
+        try:
+            yield
+        except BaseException:
+            eager_scopes.leave(judged, failed=True)
+            raise
+        eager_scopes.leave(judged)
+        return
     context.open_scope()
     try:
         yield

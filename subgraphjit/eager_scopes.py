@@ -13,14 +13,15 @@ judged by the line that opens it.  After ``WATCHED`` scopes in a row at
 that line that evaluated most of their nodes op by op, or batched few
 nodes a launch, the line's next scopes take turns eagerly (TensorFlow
 runs each op at once, nothing is recorded) and lazily, ``TIMED`` of
-each (a lazy turn that compiled or traced is taken again), and the
-faster is kept; a lazy scope in the turns that batched more ends them,
-lazily.  A line kept eager
-is recorded again after ``PROBE`` scopes, then after twice as many, up
-to ``LONGEST_PROBE``, op by op and compiling nothing (probing every 32
-scopes, with the granularity trial's one-off work in the probes, cost a
-minibatch of one a quarter of its speed): if that scope batches
-(minibatches grew, say), the line is watched afresh.  Results are the
+each, each timed until the line's next scope (a training step's backward
+and update included; a lazy turn that compiled or traced is taken
+again), and the faster is kept; a lazy scope in the turns that batched
+more ends them, lazily.  A line kept eager is recorded again after
+``PROBE`` scopes, then after twice as many, up to ``LONGEST_PROBE``, op
+by op and compiling nothing (probing every 32 scopes, with the
+granularity trial's one-off work in the probes, cost a minibatch of one
+a quarter of its speed): if that scope batches (minibatches grew, say),
+the line is watched afresh.  Results are the
 same either way (eager TensorFlow is the reference every lazy path is
 tested against); ``stats()["scopes_run_eagerly"]`` counts these scopes.
 ``set_parameter("eager_scopes", False)`` records every scope.
@@ -36,10 +37,12 @@ from .patterns.search import one_off_work
 WATCHED = 3
 # A scope had little to batch when this share of the nodes it evaluated
 # ran op by op (a plain loop's scope batches only its last evaluation),
-# or its launches ran fewer than this many nodes each on average (a
-# lattice of one sentence: 2 at most; trees, with patterns: about 2).
+# or its launches ran at most this many nodes each on average (a lattice
+# LSTM on one sentence ran 0.35x eager TensorFlow's speed; minibatches of
+# 25 batch tens of nodes a launch, and are never tried eagerly, which
+# would cost seconds).
 UNSHARED = 0.5
-BATCHED = 2
+BATCHED = 4
 TIMED = 3
 PROBE = 32
 LONGEST_PROBE = 512
@@ -49,11 +52,12 @@ KEPT = 256
 
 
 class _Line:
-    __slots__ = ("unshared", "times", "eager", "scopes", "probe")
+    __slots__ = ("unshared", "times", "turn", "eager", "scopes", "probe")
 
     def __init__(self):
         self.unshared = 0          # lazy scopes in a row with little to batch
         self.times = None          # while taking turns: {eager?: [seconds]}
+        self.turn = None           # the Scope of a turn, timed until the next
         self.eager = False         # kept eager
         self.scopes = 0            # scopes since kept eager or probed
         self.probe = PROBE         # ... after which a scope is recorded
@@ -99,6 +103,13 @@ def enter(frame):
         if len(_lines) >= KEPT:
             del _lines[next(iter(_lines))]
         line = _lines[key] = _Line()
+    if line.turn is not None:
+        # A turn lasts until the line's next scope: a training step's
+        # backward and update come after its scope, and an eager forward
+        # leaves the tape a slower backward than a compiled program's.
+        line.times[line.turn.eager].append(time.perf_counter() - line.turn.started)
+        line.turn = None
+        _decide(line)
     if line.eager:
         line.scopes += 1
         eager = line.scopes < line.probe
@@ -121,7 +132,6 @@ def leave(scope, failed=False):
     global probing
     if scope is None:
         return
-    seconds = time.perf_counter() - scope.started
     line = scope.line
     probing = False
     if scope.eager:
@@ -130,8 +140,7 @@ def leave(scope, failed=False):
         return
     if scope.eager:
         if line.times is not None:
-            line.times[True].append(seconds)
-            _decide(line)
+            line.turn = scope
         return
     evaluated = context.nodes_evaluated - scope.evaluated
     unshared = context.batching["unshared_nodes"] - scope.unshared
@@ -141,7 +150,7 @@ def leave(scope, failed=False):
         # It batched (or evaluated nothing): recorded from now on, and
         # watched afresh.
         line.unshared, line.times, line.eager, line.scopes = 0, None, False, 0
-        line.probe = PROBE
+        line.probe, line.turn = PROBE, None
         return
     if line.eager:   # a probe that found nothing to batch either
         line.scopes, line.probe = 0, min(2 * line.probe, LONGEST_PROBE)
@@ -150,8 +159,7 @@ def leave(scope, failed=False):
         # (A turn that traced, compiled or inferred shapes is taken again:
         # it timed work done once.)
         if one_off_work() == scope.one_off:
-            line.times[False].append(seconds)
-            _decide(line)
+            line.turn = scope
         return
     line.unshared += 1
     if line.unshared >= WATCHED:

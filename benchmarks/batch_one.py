@@ -1,0 +1,79 @@
+"""Minibatches of one instance: eager TensorFlow against subgraphjit's
+defaults, alternating minibatch by minibatch.
+
+Issue 16's promise: where batching finds nothing to share, subgraphjit
+costs at most 5% over eager TensorFlow.  A minibatch of one takes about a
+millisecond here, and this VM's speed drifts by tens of percent within
+minutes, so the two systems take turns on the same minibatches (each
+timed on its own) rather than one after the other as in models.py; the
+ratio is of their total times.  Training is the step models.py times
+(loss, gradient, SGD update); inference is the losses in one batching
+scope, then each read.  Printed per model and mode: instances per second,
+the ratio to eager, and the share of subgraphjit's timed scopes that ran
+eagerly (eager_scopes.py) or were recorded.
+"""
+
+import argparse
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tensorflow  # noqa: E402
+
+tensorflow.config.threading.set_intra_op_parallelism_threads(1)
+tensorflow.config.threading.set_inter_op_parallelism_threads(1)
+
+import subgraphjit  # noqa: E402
+from benchmarks.models import ALL_MODELS, MODES, make_model, step  # noqa: E402
+
+
+def measure(name, training, arguments):
+    """(eager inst/s, subgraphjit inst/s, subgraphjit scopes run eagerly)."""
+    subgraphjit.reset_patterns()
+    model = make_model(name, arguments.width, seed=0)
+    optimizers = {module: module.keras.optimizers.SGD(0.01)
+                  for module in (tensorflow, subgraphjit)}
+    data = np.random.default_rng(1 if training else 2)
+    seconds = {tensorflow: 0.0, subgraphjit: 0.0}
+    for number in range(arguments.warm_up + arguments.minibatches):
+        if number == arguments.warm_up:
+            subgraphjit.reset_stats()
+        minibatch = model.random_examples(data, 1)
+        for module in (tensorflow, subgraphjit):
+            started = time.perf_counter()
+            step(module, model, optimizers[module], minibatch, False, training)
+            if number >= arguments.warm_up:
+                seconds[module] += time.perf_counter() - started
+    eagerly = subgraphjit.stats()["scopes_run_eagerly"]
+    return (arguments.minibatches / seconds[tensorflow],
+            arguments.minibatches / seconds[subgraphjit], eagerly / arguments.minibatches)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=sorted(ALL_MODELS),
+                        choices=sorted(ALL_MODELS))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--minibatches", type=int, default=300)
+    parser.add_argument("--warm-up", type=int, default=60)
+    arguments = parser.parse_args()
+    print(f"minibatches of one, width {arguments.width}, {arguments.minibatches} "
+          f"timed after {arguments.warm_up}, eager and subgraphjit's defaults "
+          "taking turns per minibatch, 1 thread")
+    print(f"{'model':22s} {'mode':5s} {'eager inst/s':>12s} {'subgraphjit':>11s} "
+          f"{'x eager':>7s} {'scopes run eagerly':>18s}")
+    for name in arguments.models:
+        for mode in arguments.modes:
+            eager, ours, eagerly = measure(name, mode == "train", arguments)
+            print(f"{name:22s} {mode:5s} {eager:12.1f} {ours:11.1f} "
+                  f"{ours / eager:7.2f} {eagerly:18.0%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
