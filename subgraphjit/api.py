@@ -75,7 +75,7 @@ def batching():
     This is the batching scope of JIT dynamic batching: the work recorded in
     one scope is evaluated together (and, with the batching layer, batched).
     """
-    judged = eager_scopes.enter(sys._getframe(2))   # (the user's frame)
+    judged = eager_scopes.enter(sys._getframe(2), "inference")   # (the user's frame)
     if judged is not None and judged.eager:   # nothing to record, nor evaluate
         try:
             yield
@@ -117,7 +117,7 @@ class GradientTape(tf.GradientTape):
     """
 
     def __enter__(self):
-        self._judged = eager_scopes.enter(sys._getframe(1))
+        self._judged = eager_scopes.enter(sys._getframe(1), "training")
         context.open_scope()
         try:
             entered = super().__enter__()

@@ -114,7 +114,7 @@ PARAMETERS = {
     "eager_scopes": Parameter(
         True, _parse_flag, _is_flag,
         "run a scope (tf.batching(), tf.GradientTape()) eagerly, recording "
-        "nothing, at a line whose scopes had nothing to batch, where that "
+        "nothing, at a line whose scopes had little to batch, where that "
         "measured faster (eager_scopes.py; a minibatch of one, a loop that "
         "reads each instance's values); False: every scope records"),
     "pipeline": Parameter(

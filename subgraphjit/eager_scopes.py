@@ -66,11 +66,11 @@ class _Line:
 class Scope:
     """One outermost scope being judged: ``eager`` says how it runs."""
 
-    __slots__ = ("line", "eager", "started", "evaluated", "unshared", "batches",
-                 "one_off")
+    __slots__ = ("line", "eager", "mode", "started", "evaluated", "unshared",
+                 "batches", "one_off")
 
-    def __init__(self, line, eager):
-        self.line, self.eager = line, eager
+    def __init__(self, line, eager, mode):
+        self.line, self.eager, self.mode = line, eager, mode
         self.started = time.perf_counter()
         self.evaluated = context.nodes_evaluated
         self.unshared = context.batching["unshared_nodes"]
@@ -90,10 +90,11 @@ def reset():
     _lines.clear()
 
 
-def enter(frame):
-    """A scope opens at ``frame``'s line: the Scope to ``leave`` with, or
-    None for a nested scope or with the parameter off.  An eager scope
-    records nothing until it leaves."""
+def enter(frame, mode):
+    """A scope of ``mode`` ("training": a tape's; "inference") opens at
+    ``frame``'s line: the Scope to ``leave`` with, or None for a nested
+    scope or with the parameter off.  An eager scope records nothing until
+    it leaves."""
     global probing
     if context.scopes or not context.lazy or not context.parameters["eager_scopes"]:
         return None
@@ -107,9 +108,11 @@ def enter(frame):
         # A turn lasts until the line's next scope: a training step's
         # backward and update come after its scope, and an eager forward
         # leaves the tape a slower backward than a compiled program's.
-        line.times[line.turn.eager].append(time.perf_counter() - line.turn.started)
-        line.turn = None
-        _decide(line)
+        # (A lazy turn whose backward traced or compiled is taken again.)
+        turn, line.turn = line.turn, None
+        if turn.eager or not _grew(turn.one_off):
+            line.times[turn.eager].append(time.perf_counter() - turn.started)
+            _decide(line)
     if line.eager:
         line.scopes += 1
         eager = line.scopes < line.probe
@@ -123,7 +126,7 @@ def enter(frame):
         overlap.end()
         context.lazy = False
         context.scopes_run_eagerly += 1
-    return Scope(line, eager)
+    return Scope(line, eager, mode)
 
 
 def leave(scope, failed=False):
@@ -158,12 +161,21 @@ def leave(scope, failed=False):
     if line.times is not None:
         # (A turn that traced, compiled or inferred shapes is taken again:
         # it timed work done once.)
-        if one_off_work() == scope.one_off:
+        if not _grew(scope.one_off):
             line.turn = scope
         return
+    if context.parameters["granularity"] == "auto" \
+            and scope.mode not in context.granularity_chosen:
+        return   # the lazy way is still being chosen: judged once it runs
     line.unshared += 1
     if line.unshared >= WATCHED:
         line.times = {True: [], False: []}
+
+
+def _grew(one_off):
+    """Whether one-off work was done since ``one_off_work()`` was
+    ``one_off`` (counters that ``reset_stats`` may have set back)."""
+    return any(now > then for now, then in zip(one_off_work(), one_off))
 
 
 def _decide(line):

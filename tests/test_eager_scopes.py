@@ -19,10 +19,31 @@ JUDGED = eager_scopes.WATCHED + 2 * eager_scopes.TIMED
 
 @pytest.fixture
 def eager_wins(monkeypatch):
-    """The timed turns find eager faster (timings are not the test's)."""
+    """The timed turns find eager faster (timings are not the test's); the
+    unit is ops (with ``auto``, a line is judged once the unit is chosen:
+    test_a_line_is_judged_once_the_granularity_trial_has_chosen)."""
     monkeypatch.setattr(eager_scopes, "faster", lambda eager, lazy: True)
+    tf.set_parameter("granularity", "op")
     tf.reset_patterns()
     yield
+    tf.set_parameter("granularity", "auto")
+    tf.reset_patterns()
+
+
+def test_a_line_is_judged_once_the_granularity_trial_has_chosen(monkeypatch):
+    monkeypatch.setattr(eager_scopes, "faster", lambda eager, lazy: True)
+    tf.reset_patterns()
+    rng = np.random.default_rng(3)
+    model = MODELS["attention"](rng)
+    tf.reset_stats()
+    eager = []
+    for _ in range(40):
+        before = tf.stats()["scopes_run_eagerly"]
+        inference(tf, model, model.random_examples(rng, 1))
+        eager.append(tf.stats()["scopes_run_eagerly"] - before)
+        if "inference" not in tf.stats()["granularity_chosen"]:
+            assert not any(eager)
+    assert eager[-1] == 1
     tf.reset_patterns()
 
 
