@@ -11,12 +11,12 @@ VM for a 12-op attention instance (BENCHMARKS.md).
 So each outermost scope (``tf.batching()``, ``tf.GradientTape()``) is
 judged by the line that opens it.  After ``WATCHED`` scopes in a row at
 that line that evaluated most of their nodes op by op, or batched few
-nodes a launch, the line's next scopes take turns eagerly (TensorFlow
-runs each op at once, nothing is recorded) and lazily, ``TIMED`` of
-each, each timed until the line's next scope (a training step's backward
-and update included; a lazy turn that compiled or traced is taken
-again), and the faster is kept; a lazy scope in the turns that batched
-more ends them, lazily.  A line kept eager is recorded again after
+nodes a launch, and compiled and traced nothing, the line's next scopes
+take turns eagerly (TensorFlow runs each op at once, nothing is
+recorded) and lazily, ``TIMED`` of each, each timed until the line's
+next scope (a training step's backward and update included; a lazy turn
+that compiled or traced is taken again), and the faster is kept; a lazy
+scope in the turns that batched more ends them, lazily.  A line kept eager is recorded again after
 ``PROBE`` scopes, then after twice as many, up to ``LONGEST_PROBE``, op
 by op and compiling nothing (probing every 32 scopes, with the
 granularity trial's one-off work in the probes, cost a minibatch of one
@@ -33,6 +33,8 @@ import time
 from . import overlap
 from .context import context
 from .patterns.search import one_off_work
+
+SHAPE_INFERENCES = 1   # (the counter's place in one_off_work())
 
 WATCHED = 3
 # A scope had little to batch when this share of the nodes it evaluated
@@ -164,18 +166,25 @@ def leave(scope, failed=False):
         if not _grew(scope.one_off):
             line.turn = scope
         return
-    if context.parameters["granularity"] == "auto" \
-            and scope.mode not in context.granularity_chosen:
-        return   # the lazy way is still being chosen: judged once it runs
+    if _grew(scope.one_off, shapes=False) or (context.parameters["granularity"] == "auto"
+                                and scope.mode not in context.granularity_chosen):
+        # The lazy way is still settling (the unit being chosen, programs
+        # compiling): judged once it runs as it will.
+        line.unshared = 0
+        return
     line.unshared += 1
     if line.unshared >= WATCHED:
         line.times = {True: [], False: []}
 
 
-def _grew(one_off):
+def _grew(one_off, shapes=True):
     """Whether one-off work was done since ``one_off_work()`` was
-    ``one_off`` (counters that ``reset_stats`` may have set back)."""
-    return any(now > then for now, then in zip(one_off_work(), one_off))
+    ``one_off`` (counters that ``reset_stats`` may have set back); with
+    ``shapes`` False, a new shape inferred (cheap, and with sentences of
+    many lengths frequent for long) does not count."""
+    now = one_off_work()
+    return any(now[index] > one_off[index] for index in range(len(now))
+               if shapes or index != SHAPE_INFERENCES)
 
 
 def _decide(line):

@@ -224,7 +224,8 @@ class PatternSearch:
 
 
 def one_off_work():
-    """Counters of work an evaluation does once per new shape or key."""
+    """Counters of work an evaluation does once per new shape or key:
+    (pattern traces, shape inferences, compile seconds)."""
     return (context.pattern_traces, context.shape_inferences,
             context.batching["compile_seconds"])   # (grows with each compile tried)
 
