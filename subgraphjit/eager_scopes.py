@@ -166,8 +166,9 @@ def leave(scope, failed=False):
         if not _grew(scope.one_off):
             line.turn = scope
         return
-    if _grew(scope.one_off, shapes=False) or (context.parameters["granularity"] == "auto"
-                                and scope.mode not in context.granularity_chosen):
+    choosing = (context.parameters["granularity"] == "auto"
+                and scope.mode not in context.granularity_chosen)
+    if choosing or _grew(scope.one_off, shapes=False):
         # The lazy way is still settling (the unit being chosen, programs
         # compiling): judged once it runs as it will.
         line.unshared = 0
