@@ -76,26 +76,21 @@ def batching():
     one scope is evaluated together (and, with the batching layer, batched).
     """
     judged = eager_scopes.enter(sys._getframe(2), "inference")   # (the user's frame)
-    if judged is not None and judged.eager:   # nothing to record, nor evaluate
+    recording = judged is None or not judged.eager   # (eager: nothing to evaluate)
+    if recording:
+        context.open_scope()
+    try:
         try:
             yield
         except BaseException:
-            eager_scopes.leave(judged, failed=True)
+            if recording:
+                context.close_scope()
             raise
-        eager_scopes.leave(judged)
-        return
-    context.open_scope()
-    try:
-        yield
-    except BaseException:
-        context.close_scope()
-        eager_scopes.leave(judged, failed=True)
-        raise
-    try:
-        evaluate(context.close_scope(), required=())
-        # (A pipelined part may be all there was: its program may still run.)
-        if overlap.holding():
-            overlap.end()
+        if recording:
+            evaluate(context.close_scope(), required=())
+            # (A pipelined part may be all there was: its program may still run.)
+            if overlap.holding():
+                overlap.end()
     except BaseException:
         eager_scopes.leave(judged, failed=True)
         raise

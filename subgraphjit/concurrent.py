@@ -60,10 +60,6 @@ ROUND = "a tf.batching.map round"
 # Maps whose coordinator is running: evaluate() looks for the instance
 # that asks only while one is (the check on every evaluation is this int).
 running = 0
-# Maps of one instance running it in place: nothing to batch it with, so
-# no greenlet; its reads evaluate where they are, each counted as a round
-# (evaluate.py asks ``solo_round``).
-solo = 0
 
 # What a round calls: ``evaluate(targets, required, forced_by=)`` of
 # evaluate.py, which imports this module (every evaluation asks ``suspend``
@@ -121,17 +117,6 @@ def suspend(targets, required, forced_by):
         error, instance.error = instance.error, None
         raise error
     return True
-
-
-def solo_round(forced_by):
-    """``forced_by`` for an evaluation a read asks for: a round if the
-    read is a one-instance map's (counted as its reads are), else as it
-    was."""
-    if not solo or forced_by is None or forced_by is ROUND:
-        return forced_by
-    context.concurrent_reads += 1
-    context.concurrent_read_sites[forced_by] += 1
-    return ROUND
 
 
 class _Coordinator:
@@ -245,20 +230,13 @@ def map(fn, items):  # noqa: A001 (tf.batching.map, as the user writes it)
             loss = tf.add_n(losses)
 
     ``tf.stats()`` counts the rounds (``concurrent_rounds``) and the reads
-    they served (``concurrent_reads``).  One item runs in place, with no
-    greenlet (nothing to batch it with), each read its own round."""
-    global running, solo
+    they served (``concurrent_reads``)."""
+    global running
     items = list(items)
     if not items:
         return []
     if not context.lazy:   # eager mode: nothing is recorded, nothing to batch
         return [fn(item) for item in items]
-    if len(items) == 1:
-        solo += 1
-        try:
-            return [fn(items[0])]
-        finally:
-            solo -= 1
     coordinator = _Coordinator(fn, items)
     # Like a scope: everything recorded stays alive until the map ends, so
     # the cyclic collector could free nothing; it resumes after the map.

@@ -317,7 +317,7 @@ class Context:
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,
             # Evaluations with nothing or little to batch, run op by op in
-            # recording order (batcher/execute.py, _run_in_order).
+            # recording order (batcher/execute.py, little_to_share).
             "unshared_evaluations": 0, "unshared_nodes": 0,
             # Batches over varying shapes (batcher/varying.py), by op name:
             # launches, and the instances they ran; output elements computed

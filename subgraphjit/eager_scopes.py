@@ -34,8 +34,6 @@ from . import overlap
 from .context import context
 from .patterns.search import one_off_work
 
-SHAPE_INFERENCES = 1   # (the counter's place in one_off_work())
-
 WATCHED = 3
 # A scope had little to batch when this share of the nodes it evaluated
 # ran op by op (a plain loop's scope batches only its last evaluation),
@@ -184,8 +182,8 @@ def _grew(one_off, shapes=True):
     ``shapes`` False, a new shape inferred (cheap, and with sentences of
     many lengths frequent for long) does not count."""
     now = one_off_work()
-    return any(now[index] > one_off[index] for index in range(len(now))
-               if shapes or index != SHAPE_INFERENCES)
+    return (now.traces > one_off.traces or now.compile_seconds > one_off.compile_seconds
+            or (shapes and now.shapes > one_off.shapes))
 
 
 def _decide(line):

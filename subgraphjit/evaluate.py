@@ -71,7 +71,6 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
     # An instance of tf.batching.map waits for its map's next round instead.
     if concurrent.running and concurrent.suspend(targets, required, forced_by):
         return
-    forced_by = concurrent.solo_round(forced_by)
     if forced_by is concurrent.ROUND:
         context.concurrent_rounds += 1
     elif forced_by is not None:

@@ -326,29 +326,3 @@ def test_rows_taken_out_after_the_tape_keep_their_gradient():
     # Recorded after the block: off the tape, as eagerly.
     assert tape.gradient(tf.reduce_sum(variable * 2.0), variable) is None
 
-
-def test_a_map_of_one_runs_in_place_and_counts_its_reads_as_rounds():
-    where = []
-
-    def instance(reads):
-        where.append(greenlet.getcurrent())
-        return chain(0.5, reads)
-
-    tf.reset_stats()
-    result, = tf.batching.map(instance, [3])
-    stats = tf.stats()
-    assert where == [greenlet.getcurrent()]   # the caller's, no greenlet of its own
-    assert stats["concurrent_rounds"] == stats["concurrent_reads"] == 3
-    assert stats["forced_evaluations"] == {}
-    expected = tensorflow.constant(0.5)
-    for _ in range(3):
-        expected = tensorflow.tanh(expected) + 1.0
-    np.testing.assert_allclose(tf.build(result).numpy(), expected.numpy(), rtol=1e-6)
-    # Inside another map's instance, its reads join the outer rounds.
-    tf.reset_stats()
-    outer = tf.batching.map(lambda x: tf.batching.map(lambda reads: chain(x, reads), [2])[0],
-                            [0.1, 0.2, 0.3])
-    stats = tf.stats()
-    assert stats["concurrent_rounds"] == 2 and stats["concurrent_reads"] == 6
-    assert [float(value) for value in outer] == pytest.approx(
-        [float(chain_eager(x, 2)) for x in (0.1, 0.2, 0.3)])

@@ -34,7 +34,14 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     varying.merge_types(graph)
     batches = scheduler.schedule(graph)
     if little_to_share(graph, batches):
-        return _run_in_order(graph, statistics, started)
+        # As eager TensorFlow runs them, one by one in recording order: no
+        # program (whose planning and call cost more than a few launches),
+        # no stacked operands, results that later reads take whole.
+        statistics["unshared_evaluations"] += 1
+        statistics["unshared_nodes"] += len(graph)
+        batches = [[index] for index, node_type in enumerate(graph.type_of)
+                   if node_type >= 0]
+        compile_after = 0
     compiled = None
     recording = program.could_record()
     if compile_after and batches and graph.varying:
@@ -84,24 +91,6 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     finished = time.perf_counter()
     statistics["analysis_seconds"] += analysed - started
     statistics["execute_seconds"] += finished - analysed
-    statistics["duplicates_skipped"] += graph.duplicates
-    return graph
-
-
-def _run_in_order(graph, statistics, started):
-    """Run the graph's nodes one by one in recording order, as eager
-    TensorFlow would: no program (whose planning and call cost more than a
-    few launches), no stacked operands, and results that later reads take
-    whole rather than as rows of a batch (BENCHMARKS.md)."""
-    statistics["unshared_evaluations"] += 1
-    statistics["unshared_nodes"] += len(graph)
-    overlap.end()
-    analysed = time.perf_counter()
-    executor = Executor(graph, statistics)
-    executor.run_in_order()
-    executor.write_back()
-    statistics["analysis_seconds"] += analysed - started
-    statistics["execute_seconds"] += time.perf_counter() - analysed
     statistics["duplicates_skipped"] += graph.duplicates
     return graph
 

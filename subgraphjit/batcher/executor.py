@@ -185,15 +185,6 @@ class Executor:
             self.batched_of[index] = batched
             self.row_of[index] = row
 
-    def run_in_order(self):
-        """Every node on its own, in recording order (a graph with little
-        to batch, execute.little_to_share)."""
-        indices = [index for index, node_type in enumerate(self.graph.type_of)
-                   if node_type >= 0]
-        self.statistics["batches"] += len(indices)
-        self.statistics["batch_sizes"][1] += len(indices)
-        self._run_each(indices)
-
     def _values(self, operands):
         """Each operand's own value.  A node reading many rows of one batched
         result (``tf.add_n`` of a minibatch's losses) takes them from one

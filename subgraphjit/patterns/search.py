@@ -223,11 +223,13 @@ class PatternSearch:
         context.pattern_fusions += len(joined)
 
 
+OneOffWork = collections.namedtuple("OneOffWork", "traces shapes compile_seconds")
+
+
 def one_off_work():
-    """Counters of work an evaluation does once per new shape or key:
-    (pattern traces, shape inferences, compile seconds)."""
-    return (context.pattern_traces, context.shape_inferences,
-            context.batching["compile_seconds"])   # (grows with each compile tried)
+    """Counters of work an evaluation does once per new shape or key."""
+    return OneOffWork(context.pattern_traces, context.shape_inferences,
+                      context.batching["compile_seconds"])   # (grows with each compile tried)
 
 
 class Trial:
