@@ -4,9 +4,12 @@ defaults, alternating minibatch by minibatch.
 Issue 16's promise: where batching finds nothing to share, subgraphjit
 costs at most 5% over eager TensorFlow.  A minibatch of one takes about a
 millisecond here, and this VM's speed drifts by tens of percent within
-minutes, so the two systems take turns on the same minibatches (each
-timed on its own) rather than one after the other as in models.py; the
-ratio is of their total times.  Training is the step models.py times
+minutes, so the two systems take turns on the same minibatches rather
+than one after the other as in models.py: a block of BLOCK minibatches
+each, the first turn of a block pair alternating (whichever runs second
+finds the caches warm; and subgraphjit times each of its scopes until the
+next, which the other system's steps must not fall into).  The ratio is
+of their total times.  Training is the step models.py times
 (loss, gradient, SGD update); inference is the losses in one batching
 scope, then each read.  Printed per model and mode: instances per second,
 the ratio to eager, and the share of subgraphjit's timed scopes that ran
@@ -32,6 +35,9 @@ import subgraphjit  # noqa: E402
 from benchmarks.models import ALL_MODELS, MODES, make_model, step  # noqa: E402
 
 
+BLOCK = 10
+
+
 def measure(name, training, arguments):
     """(eager inst/s, subgraphjit inst/s, subgraphjit scopes run eagerly)."""
     subgraphjit.reset_patterns()
@@ -40,15 +46,17 @@ def measure(name, training, arguments):
                   for module in (tensorflow, subgraphjit)}
     data = np.random.default_rng(1 if training else 2)
     seconds = {tensorflow: 0.0, subgraphjit: 0.0}
-    for number in range(arguments.warm_up + arguments.minibatches):
+    for number in range(0, arguments.warm_up + arguments.minibatches, BLOCK):
         if number == arguments.warm_up:
             subgraphjit.reset_stats()
-        minibatch = model.random_examples(data, 1)
-        for module in (tensorflow, subgraphjit):
-            started = time.perf_counter()
-            step(module, model, optimizers[module], minibatch, False, training)
-            if number >= arguments.warm_up:
-                seconds[module] += time.perf_counter() - started
+        block = [model.random_examples(data, 1) for _ in range(BLOCK)]
+        turns = (tensorflow, subgraphjit) if number // BLOCK % 2 else (subgraphjit, tensorflow)
+        for module in turns:
+            for minibatch in block:
+                started = time.perf_counter()
+                step(module, model, optimizers[module], minibatch, False, training)
+                if number >= arguments.warm_up:
+                    seconds[module] += time.perf_counter() - started
     eagerly = subgraphjit.stats()["scopes_run_eagerly"]
     return (arguments.minibatches / seconds[tensorflow],
             arguments.minibatches / seconds[subgraphjit], eagerly / arguments.minibatches)
@@ -63,6 +71,8 @@ def main():
     parser.add_argument("--minibatches", type=int, default=300)
     parser.add_argument("--warm-up", type=int, default=60)
     arguments = parser.parse_args()
+    if arguments.minibatches % BLOCK or arguments.warm_up % BLOCK:
+        parser.error(f"--minibatches and --warm-up must be multiples of {BLOCK}")
     print(f"minibatches of one, width {arguments.width}, {arguments.minibatches} "
           f"timed after {arguments.warm_up}, eager and subgraphjit's defaults "
           "taking turns per minibatch, 1 thread")

@@ -1,6 +1,5 @@
 """subgraphjit's own public functions, on top of the drop-in namespace."""
 
-import contextlib
 import sys
 
 import tensorflow as tf
@@ -68,38 +67,42 @@ def access(outputs, index):
     return outputs[index]
 
 
-@contextlib.contextmanager
-def batching():
+class batching:  # noqa: N801 (tf.batching(), as the user writes it)
     """Record everything inside the block and evaluate it all on exit.
 
     This is the batching scope of JIT dynamic batching: the work recorded in
     one scope is evaluated together (and, with the batching layer, batched).
     """
-    judged = eager_scopes.enter(sys._getframe(2), "inference")   # (the user's frame)
-    recording = judged is None or not judged.eager   # (eager: nothing to evaluate)
-    if recording:
-        context.open_scope()
-    try:
+
+    __slots__ = ("_judged", "_recording")
+
+    # tf.batching.map(fn, items): the instances of a minibatch run
+    # concurrently, their value reads served by batched evaluations
+    # (concurrent.py).
+    map = staticmethod(concurrent.map)
+
+    def __enter__(self):
+        # (A class, not a generator: a scope run eagerly costs the user's
+        # minibatch of one only this and eager_scopes' judgement.)
+        self._judged = eager_scopes.enter(sys._getframe(1), "inference")
+        self._recording = self._judged is None or not self._judged.eager
+        if self._recording:
+            context.open_scope()
+
+    def __exit__(self, kind, error, traceback):
+        failed = True
         try:
-            yield
-        except BaseException:
-            if recording:
-                context.close_scope()
-            raise
-        if recording:
-            evaluate(context.close_scope(), required=())
-            # (A pipelined part may be all there was: its program may still run.)
-            if overlap.holding():
-                overlap.end()
-    except BaseException:
-        eager_scopes.leave(judged, failed=True)
-        raise
-    eager_scopes.leave(judged)
-
-
-# tf.batching.map(fn, items): the instances of a minibatch run concurrently,
-# their value reads served by batched evaluations (concurrent.py).
-batching.map = concurrent.map
+            if self._recording:
+                recorded = context.close_scope()
+                if kind is None:
+                    evaluate(recorded, required=())
+                    # (A pipelined part may be all there was: its program
+                    # may still run.)
+                    if overlap.holding():
+                        overlap.end()
+            failed = kind is not None
+        finally:
+            eager_scopes.leave(self._judged, failed)
 
 
 class GradientTape(tf.GradientTape):

@@ -16,15 +16,21 @@ take turns eagerly (TensorFlow runs each op at once, nothing is
 recorded) and lazily, ``TIMED`` of each, each timed until the line's
 next scope (a training step's backward and update included; a lazy turn
 that compiled or traced is taken again), and the faster is kept; a lazy
-scope in the turns that batched more ends them, lazily.  A line kept eager is recorded again after
-``PROBE`` scopes, then after twice as many, up to ``LONGEST_PROBE``, op
-by op and compiling nothing (probing every 32 scopes, with the
-granularity trial's one-off work in the probes, cost a minibatch of one
-a quarter of its speed): if that scope batches (minibatches grew, say),
-the line is watched afresh.  Results are the
-same either way (eager TensorFlow is the reference every lazy path is
-tested against); ``stats()["scopes_run_eagerly"]`` counts these scopes.
-``set_parameter("eager_scopes", False)`` records every scope.
+turn that batched more ends the turns, lazily.
+
+Lines change (minibatches grow), so no judgement is final.  A line kept
+eager is recorded again (a probe) after ``PROBE`` scopes, then after
+twice as many, up to ``LONGEST_PROBE``, op by op and compiling nothing
+(probing every 32 scopes with the granularity trial's one-off work cost
+a minibatch of one a quarter of its speed); a probe that batches puts
+the line back on recording, watched afresh.  A line kept lazy takes
+turns again after as many scopes, doubling the same way (every eager
+turn costs a line that batches a little its gain).
+
+Results are the same either way (eager TensorFlow is the reference every
+lazy path is tested against); ``stats()["scopes_run_eagerly"]`` counts
+these scopes.  ``set_parameter("eager_scopes", False)`` records every
+scope.
 """
 
 import statistics
@@ -56,11 +62,13 @@ class _Line:
 
     def __init__(self):
         self.unshared = 0          # lazy scopes in a row with little to batch
+                                   # (negative: waiting since the last turns)
         self.times = None          # while taking turns: {eager?: [seconds]}
         self.turn = None           # the Scope of a turn, timed until the next
         self.eager = False         # kept eager
         self.scopes = 0            # scopes since kept eager or probed
-        self.probe = PROBE         # ... after which a scope is recorded
+        self.probe = PROBE         # ... after which a scope is recorded (or,
+                                   # kept lazy, turns are taken again)
 
 
 class Scope:
@@ -72,10 +80,11 @@ class Scope:
     def __init__(self, line, eager, mode):
         self.line, self.eager, self.mode = line, eager, mode
         self.started = time.perf_counter()
-        self.evaluated = context.nodes_evaluated
-        self.unshared = context.batching["unshared_nodes"]
-        self.batches = context.batching["batches"]
-        self.one_off = one_off_work()
+        if not eager:   # (what leave() judges a recorded scope by)
+            self.evaluated = context.nodes_evaluated
+            self.unshared = context.batching["unshared_nodes"]
+            self.batches = context.batching["batches"]
+            self.one_off = one_off_work()
 
 
 _lines = {}
@@ -150,10 +159,14 @@ def leave(scope, failed=False):
     batches = context.batching["batches"] - scope.batches
     if not (evaluated > 0 and (unshared >= UNSHARED * evaluated
                                or batches * BATCHED >= evaluated)):
-        # It batched (or evaluated nothing): recorded from now on, and
-        # watched afresh.
-        line.unshared, line.times, line.eager, line.scopes = 0, None, False, 0
-        line.probe, line.turn = PROBE, None
+        # It batched (or evaluated nothing): recorded from now on.
+        if line.eager:   # a probe: minibatches grew, say; watched afresh
+            line.unshared, line.eager, line.probe = 0, False, PROBE
+        elif line.times is not None:   # a lazy turn: the turns end, lazily
+            line.turn = None
+            _keep_lazy(line)
+        else:   # a line waiting since its turns keeps waiting
+            line.unshared = min(line.unshared, 0)
         return
     if line.eager:   # a probe that found nothing to batch either
         line.scopes, line.probe = 0, min(2 * line.probe, LONGEST_PROBE)
@@ -189,9 +202,18 @@ def _grew(one_off, shapes=True):
 def _decide(line):
     if min(map(len, line.times.values())) < TIMED:
         return
-    line.eager = faster(line.times[True], line.times[False])
-    # Kept lazy: turns again only after as many scopes as a probe waits.
-    line.times, line.unshared, line.scopes = None, 0 if line.eager else -line.probe, 0
+    if faster(line.times[True], line.times[False]):
+        line.eager, line.times, line.scopes = True, None, 0
+    else:
+        _keep_lazy(line)
+
+
+def _keep_lazy(line):
+    # Turns again only after as many scopes as a probe waits, and twice as
+    # many the time after: each turn taken eagerly costs a line that
+    # batches a little (a minibatch of one tree) its batching's gain.
+    line.times, line.unshared = None, -line.probe
+    line.probe = min(2 * line.probe, LONGEST_PROBE)
 
 
 def faster(eager_seconds, lazy_seconds):
