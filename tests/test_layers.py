@@ -546,3 +546,21 @@ def test_keras_keeps_the_note_naming_the_users_line_when_it_re_raises():
         assert "Exception encountered when calling" in str(raised.value)   # Keras's
         assert f"raised by {op}, recorded at {__file__}:{line} in call" in \
             "\n".join(getattr(raised.value, "__notes__", [])), raised.value
+
+
+def test_our_functions_as_activations_save_and_load_as_tensorflows(tmp_path):
+    """Keras names an activation by its function (it must be a Python
+    function: a native callable in its place saved but did not load)."""
+    def build(module):
+        return module.keras.Sequential([
+            module.keras.Input((2,)),
+            module.keras.layers.Dense(3, activation=module.nn.relu),
+            module.keras.layers.Dense(2, activation=module.tanh)])
+
+    ours, theirs = build(sj), build(tensorflow)
+    assert ([layer.get_config()["activation"] for layer in ours.layers]
+            == [layer.get_config()["activation"] for layer in theirs.layers])
+    ours.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x).numpy(), np.asarray(ours(x)), rtol=1e-6)
