@@ -1,17 +1,18 @@
 """Minibatches of one instance: eager TensorFlow against subgraphjit's
-defaults, alternating minibatch by minibatch.
+defaults, taking turns in blocks of minibatches.
 
 Issue 16's promise: where batching finds nothing to share, subgraphjit
 costs at most 5% over eager TensorFlow.  A minibatch of one takes about a
 millisecond here, and this VM's speed drifts by tens of percent within
 minutes, so the two systems take turns on the same minibatches rather
-than one after the other as in models.py: a block of BLOCK minibatches
-each, the first turn of a block pair alternating (whichever runs second
-finds the caches warm; and subgraphjit times each of its scopes until the
-next, which the other system's steps must not fall into).  The ratio is
-of their total times.  Training is the step models.py times
-(loss, gradient, SGD update); inference is the losses in one batching
-scope, then each read.  Printed per model and mode: instances per second,
+than one after the other as in models.py: each block of BLOCK
+minibatches is run by both, the one that goes first alternating from
+block to block (whichever runs second finds the caches warm; and
+subgraphjit times each of its scopes until the next, which the other
+system's steps must not fall into).  The ratio is
+of their total times.  Training is the step models.py times (loss,
+gradient, SGD update); inference is the losses in one batching scope,
+then each read.  Printed per model and mode: instances per second,
 the ratio to eager, and the share of subgraphjit's timed scopes that ran
 eagerly (eager_scopes.py) or were recorded.
 """
@@ -75,7 +76,7 @@ def main():
         parser.error(f"--minibatches and --warm-up must be multiples of {BLOCK}")
     print(f"minibatches of one, width {arguments.width}, {arguments.minibatches} "
           f"timed after {arguments.warm_up}, eager and subgraphjit's defaults "
-          "taking turns per minibatch, 1 thread")
+          f"taking turns in blocks of {BLOCK} minibatches, 1 thread")
     print(f"{'model':22s} {'mode':5s} {'eager inst/s':>12s} {'subgraphjit':>11s} "
           f"{'x eager':>7s} {'scopes run eagerly':>18s}")
     for name in arguments.models:

@@ -148,3 +148,12 @@ def test_an_error_in_an_eager_scope_leaves_recording_on(eager_wins):
     assert tf.stats()["scopes_run_eagerly"] == 1
     assert context.lazy
     assert type(tf.tanh(tf.constant(1.0))) is VirtualNode
+
+
+def test_turns_too_close_to_call_are_taken_again_up_to_a_limit():
+    many = eager_scopes.MOST_TIMED
+    assert eager_scopes.faster([1.0, 9.0, 1.0], [2.0, 2.0, 0.1]) is True
+    assert eager_scopes.faster([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) is False
+    assert eager_scopes.faster([1.0, 1.0, 1.0], [1.2, 1.2, 1.2]) is None
+    assert eager_scopes.faster([1.0] * many, [1.2] * many) is True
+    assert eager_scopes.faster([1.2] * many, [1.0] * (many + 1)) is False
