@@ -9,12 +9,12 @@ than one after the other as in models.py: each block of BLOCK
 minibatches is run by both, the one that goes first alternating from
 block to block (whichever runs second finds the caches warm; and
 subgraphjit times each of its scopes until the next, which the other
-system's steps must not fall into).  The ratio is
-of their total times.  Training is the step models.py times (loss,
-gradient, SGD update); inference is the losses in one batching scope,
-then each read.  Printed per model and mode: instances per second,
-the ratio to eager, and the share of subgraphjit's timed scopes that ran
-eagerly (eager_scopes.py) or were recorded.
+system's steps must not fall into).  The ratio is of their total times.
+Training is the step models.py times (loss, gradient, SGD update);
+inference is the losses in one batching scope, then each read.  Printed
+per model and mode: instances per second, the ratio to eager, and the
+share of subgraphjit's timed scopes that ran eagerly (eager_scopes.py)
+or were recorded.
 """
 
 import argparse

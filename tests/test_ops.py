@@ -447,3 +447,42 @@ def test_ops_of_no_tensors_record_only_outside_traces():
         assert isinstance(subgraphjit.zeros([1]), tensorflow.Tensor)
     finally:
         subgraphjit.set_parameter("mode", "lazy")
+
+
+@pytest.mark.parametrize("call", [
+    lambda tf, a, b: tf.matmul(a, b),
+    lambda tf, a, b: tf.matmul(a, b, transpose_b=True),      # a middle default given
+    lambda tf, a, b: tf.matmul(a, b, False, True, name="mm"),  # the last one given
+    lambda tf, a, b: tf.matmul(a, b, transpose_a=0),         # refused by TensorFlow
+    lambda tf, a, b: tf.reduce_sum(a, 1, True),
+    lambda tf, a, b: tf.reduce_sum(a, keepdims=True),
+    lambda tf, a, b: tf.concat([a, b], axis=1),
+    lambda tf, a, b: tf.split(a, 3, axis=1),
+    lambda tf, a, b: tf.zeros((2, 3), tensorflow.int32),
+    lambda tf, a, b: tf.nn.embedding_lookup(b, [2, 0], max_norm=1.0),
+], ids=["defaults", "middle", "last", "refused", "positional", "keyword", "concat",
+        "split", "no tensors", "lookup"])
+def test_eager_calls_pass_the_users_arguments_as_tensorflow_gets_them(call):
+    """With nothing recorded, the wrappers pass on only the arguments up to
+    the last one given (ir/record.py, ``_passing_on``): whichever that is,
+    the result is TensorFlow's."""
+    a, b = (np.random.default_rng(5).normal(size=(2, 3, 3)).astype(np.float32))
+
+    def outcome(module):
+        try:
+            return call(module, a, b)
+        except TypeError as error:   # TensorFlow's own, on an argument it refuses
+            return error
+
+    expected = outcome(tensorflow)
+    subgraphjit.set_parameter("mode", "eager")
+    try:
+        got = outcome(subgraphjit)
+    finally:
+        subgraphjit.set_parameter("mode", "lazy")
+    if isinstance(expected, TypeError):
+        assert type(got) is TypeError and str(got) == str(expected)
+        return
+    for value, reference in zip(tensorflow.nest.flatten(got), tensorflow.nest.flatten(expected)):
+        assert type(value) is type(reference) and value.dtype == reference.dtype
+        np.testing.assert_allclose(value.numpy(), reference.numpy(), rtol=1e-6)
