@@ -335,7 +335,30 @@ static PyMemberDef node_members[] = {
     {NULL},
 };
 
+/* Defined with record, below. */
+static PyObject *node_add(PyObject *, PyObject *), *node_subtract(PyObject *, PyObject *),
+    *node_multiply(PyObject *, PyObject *), *node_true_divide(PyObject *, PyObject *),
+    *node_floor_divide(PyObject *, PyObject *), *node_remainder(PyObject *, PyObject *),
+    *node_matrix_multiply(PyObject *, PyObject *), *node_and(PyObject *, PyObject *),
+    *node_or(PyObject *, PyObject *), *node_xor(PyObject *, PyObject *),
+    *node_negative(PyObject *), *node_absolute(PyObject *), *node_invert(PyObject *),
+    *node_power(PyObject *, PyObject *, PyObject *);
+
 static PyType_Slot node_slots[] = {
+    {Py_nb_add, node_add},
+    {Py_nb_subtract, node_subtract},
+    {Py_nb_multiply, node_multiply},
+    {Py_nb_true_divide, node_true_divide},
+    {Py_nb_floor_divide, node_floor_divide},
+    {Py_nb_remainder, node_remainder},
+    {Py_nb_power, node_power},
+    {Py_nb_matrix_multiply, node_matrix_multiply},
+    {Py_nb_and, node_and},
+    {Py_nb_or, node_or},
+    {Py_nb_xor, node_xor},
+    {Py_nb_negative, node_negative},
+    {Py_nb_absolute, node_absolute},
+    {Py_nb_invert, node_invert},
     {Py_tp_new, node_new},
     {Py_tp_dealloc, node_dealloc},
     {Py_tp_members, node_members},
@@ -446,6 +469,10 @@ static struct {
 static PyObject *getframe;  /* sys._getframe */
 static PyObject *one;
 
+static PyObject *site_of_frame(PyFrameObject *f);
+
+/* The site of the frame above record's caller (the generated wrapper's
+ * caller: the user's line). */
 static PyObject *
 current_site(void)
 {
@@ -462,7 +489,15 @@ current_site(void)
         PyErr_SetString(PyExc_TypeError, "sys._getframe returned no frame");
         return NULL;
     }
-    PyFrameObject *f = (PyFrameObject *)frame;
+    PyObject *site = site_of_frame((PyFrameObject *)frame);
+    Py_DECREF(frame);
+    return site;
+}
+
+/* The site of ``f`` (borrowed), cached by code and instruction offset. */
+static PyObject *
+site_of_frame(PyFrameObject *f)
+{
     PyObject *code = (PyObject *)PyFrame_GetCode(f);
     int offset = PyFrame_GetLasti(f);
     size_t slot = (((size_t)code >> 4) ^ ((size_t)offset * 2654435761u))
@@ -480,7 +515,6 @@ current_site(void)
         }
     }
     Py_DECREF(code);
-    Py_DECREF(frame);
     return site;
 }
 
@@ -1001,27 +1035,17 @@ cacheable(PyObject *inputs, PyObject *attrs)
     return 1;
 }
 
+/* Record ``op_entry`` on ``inputs`` (a tuple) with ``attrs`` (a tuple) at
+ * ``given_site``, or, if NULL, at the site of ``frame`` (borrowed), or, if
+ * that is NULL too, at the frame above record's caller. */
 static PyObject *
-record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+record_op(PyObject *op_entry, PyObject *inputs, PyObject *given_attrs,
+          PyObject *given_site, PyFrameObject *frame)
 {
-    if (context == NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "subgraphjit._native.setup() has not run");
-        return NULL;
-    }
-    if (nargs < 3 || nargs > 4 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])
-            || (nargs == 4 && args[3] != Py_None
-                && !(PyTuple_Check(args[3]) && PyTuple_GET_SIZE(args[3]) == 2))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record(entry, inputs, attrs[, site]) takes an op "
-                        "entry, two tuples and a (code, line) tuple or None");
-        return NULL;
-    }
     /* (Before anything is made: every node recorded so far is whole.) */
-    if (pending_full_check(args[1]) < 0)
+    if (pending_full_check(inputs) < 0)
         return NULL;
-    PyObject *op_entry = args[0], *inputs = args[1];
-    PyObject *attrs = Py_NewRef(args[2]);
+    PyObject *attrs = Py_NewRef(given_attrs);
     PyObject *key = NULL, *spec = NULL, *site = NULL;
     PyObject *result = NULL;
     Node *node = NULL;
@@ -1081,7 +1105,8 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 known:
     /* Callers a frame further from the user (TensorFlow's dispatch, the
      * Keras layer hook) give the site they found. */
-    site = nargs == 4 ? Py_NewRef(args[3]) : current_site();
+    site = given_site != NULL ? Py_NewRef(given_site)
+           : frame != NULL ? site_of_frame(frame) : current_site();
     if (site == NULL)
         goto done;
     if (spec == NULL) {
@@ -1123,6 +1148,131 @@ done:
     for (Py_ssize_t i = 0; i < spec_count; i++)
         Py_DECREF(specs[i]);
     return result;
+}
+
+static PyObject *
+record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (context == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "subgraphjit._native.setup() has not run");
+        return NULL;
+    }
+    if (nargs < 3 || nargs > 4 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])
+            || (nargs == 4 && args[3] != Py_None
+                && !(PyTuple_Check(args[3]) && PyTuple_GET_SIZE(args[3]) == 2))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record(entry, inputs, attrs[, site]) takes an op "
+                        "entry, two tuples and a (code, line) tuple or None");
+        return NULL;
+    }
+    return record_op(args[0], args[1], args[2], nargs == 4 ? args[3] : NULL, NULL);
+}
+
+/* -- operators -------------------------------------------------------------- */
+
+/* VirtualNode's arithmetic operators record their op here, with no Python
+ * frame of their own: half of a Tree-LSTM cell's ops are operators (``*``,
+ * ``+``), and a Python method per call was a third of their recording.
+ * The entries and fallbacks come from set_operators() (dropin/namespace.py);
+ * until then, and for an operand the recorder cannot describe (NotLazy),
+ * the fallback runs: the op on the node's value, computed now.  The
+ * comparisons and ``[]`` stay Python methods (``==`` with None is no op). */
+enum {
+    OP_ADD, OP_SUB, OP_MUL, OP_TRUEDIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_MATMUL,
+    OP_AND, OP_OR, OP_XOR, OP_NEG, OP_ABS, OP_INVERT, OPERATOR_COUNT
+};
+static const char *operator_names[OPERATOR_COUNT] = {
+    "__add__", "__sub__", "__mul__", "__truediv__", "__floordiv__", "__mod__",
+    "__pow__", "__matmul__", "__and__", "__or__", "__xor__", "__neg__",
+    "__abs__", "__invert__",
+};
+static PyObject *operator_entries[OPERATOR_COUNT];
+static PyObject *operator_fallbacks[OPERATOR_COUNT];
+static PyObject *not_lazy;      /* subgraphjit.ir.spec.NotLazy */
+static PyObject *no_attrs;      /* () */
+
+/* ``left op right`` (``op left`` when right is NULL), either a node. */
+static PyObject *
+apply_operator(int op, PyObject *left, PyObject *right)
+{
+    if (operator_entries[op] == NULL || context == NULL)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *inputs = right != NULL ? PyTuple_Pack(2, left, right)
+                                     : PyTuple_Pack(1, left);
+    if (inputs == NULL)
+        return NULL;
+    /* The user's line is the running frame: no Python method in between. */
+    PyFrameObject *frame = PyEval_GetFrame();
+    PyObject *result = record_op(operator_entries[op], inputs, no_attrs,
+                                 frame == NULL ? Py_None : NULL, frame);
+    if (result == NULL && PyErr_ExceptionMatches(not_lazy)) {
+        PyErr_Clear();
+        result = PyObject_Call(operator_fallbacks[op], inputs, NULL);
+    }
+    Py_DECREF(inputs);
+    return result;
+}
+
+#define BINARY_OPERATOR(name, op) \
+    static PyObject *name(PyObject *left, PyObject *right) \
+    { return apply_operator(op, left, right); }
+#define UNARY_OPERATOR(name, op) \
+    static PyObject *name(PyObject *operand) \
+    { return apply_operator(op, operand, NULL); }
+BINARY_OPERATOR(node_add, OP_ADD)
+BINARY_OPERATOR(node_subtract, OP_SUB)
+BINARY_OPERATOR(node_multiply, OP_MUL)
+BINARY_OPERATOR(node_true_divide, OP_TRUEDIV)
+BINARY_OPERATOR(node_floor_divide, OP_FLOORDIV)
+BINARY_OPERATOR(node_remainder, OP_MOD)
+BINARY_OPERATOR(node_matrix_multiply, OP_MATMUL)
+BINARY_OPERATOR(node_and, OP_AND)
+BINARY_OPERATOR(node_or, OP_OR)
+BINARY_OPERATOR(node_xor, OP_XOR)
+UNARY_OPERATOR(node_negative, OP_NEG)
+UNARY_OPERATOR(node_absolute, OP_ABS)
+UNARY_OPERATOR(node_invert, OP_INVERT)
+
+static PyObject *
+node_power(PyObject *base, PyObject *exponent, PyObject *modulus)
+{
+    if (modulus != Py_None)   /* pow(node, x, m): no such op, as tf.Tensor */
+        Py_RETURN_NOTIMPLEMENTED;
+    return apply_operator(OP_POW, base, exponent);
+}
+
+static PyObject *
+set_operators(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_operators(operators, not_lazy) "
+                        "takes a dict {dunder: (entry, fallback)} and NotLazy");
+        return NULL;
+    }
+    PyObject *given[OPERATOR_COUNT][2];
+    for (int op = 0; op < OPERATOR_COUNT; op++) {
+        PyObject *pair = PyDict_GetItemString(args[0], operator_names[op]);
+        if (pair == NULL || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+                || !PyCallable_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_Format(PyExc_TypeError, "set_operators(): %s needs "
+                         "(entry, callable fallback)", operator_names[op]);
+            return NULL;
+        }
+        given[op][0] = PyTuple_GET_ITEM(pair, 0);
+        given[op][1] = PyTuple_GET_ITEM(pair, 1);
+    }
+    if (!PyExceptionClass_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_operators(): not_lazy must be "
+                        "an exception class");
+        return NULL;
+    }
+    for (int op = 0; op < OPERATOR_COUNT; op++) {
+        Py_XSETREF(operator_entries[op], Py_NewRef(given[op][0]));
+        Py_XSETREF(operator_fallbacks[op], Py_NewRef(given[op][1]));
+    }
+    Py_XSETREF(not_lazy, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(setup_doc,
@@ -1169,6 +1319,11 @@ next_node_id(PyObject *module, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"set_operators", (PyCFunction)(void (*)(void))set_operators, METH_FASTCALL,
+     "set_operators(operators, not_lazy)\n--\n\nVirtualNode's arithmetic "
+     "operators: ``operators`` maps each dunder (``__add__``, ``__neg__``, ...) "
+     "to (op entry, fallback); the fallback gets the operands when record "
+     "raises ``not_lazy``."},
     {"setup", (PyCFunction)(void (*)(void))setup,
      METH_VARARGS | METH_KEYWORDS, setup_doc},
     {"set_pending", (PyCFunction)(void (*)(void))set_pending, METH_FASTCALL,
@@ -1216,6 +1371,7 @@ PyInit__native(void)
         }
     }
     one = PyLong_FromLong(1);
+    no_attrs = PyTuple_New(0);
     getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     node_operand_type = (PyTypeObject *)PyType_FromSpec(&node_operand_spec);
@@ -1230,7 +1386,7 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || one == NULL || node_type == NULL || node_operand_type == NULL
+            || one == NULL || no_attrs == NULL || node_type == NULL || node_operand_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
                                      (PyObject *)node_type) < 0

@@ -329,3 +329,41 @@ def test_eager_tensor_operands_get_the_spec_spec_of_foreign_gives():
             node = tf.identity(tensor)
             assert node.spec is spec_of_foreign(tensor)
             assert node.inputs[0] is tensor
+
+
+# -- operators (native/_native.c): recorded with no Python frame -------------
+
+def test_operators_record_at_the_users_line_in_either_order():
+    x, y = tf.tanh(constant(2, 2)), tf.sigmoid(constant(2, 2))
+    line = sys._getframe().f_lineno + 1
+    results = [x * y, x + 1.0, 2.0 - x, -x, abs(x), x @ y, x / 2, 2 ** x, x ** 2,
+               constant(2, 2) * x, np.float32(3) * x, x // 1.0, x % 1.0, ~(x > 0)]
+    for result in results:
+        assert type(result) is VirtualNode, result
+        assert result.site[0] is sys._getframe().f_code
+        assert result.site[1] in (line, line + 1)
+    np.testing.assert_allclose(
+        np.asarray(results[0]), np.full((2, 2), np.tanh(1.0) / (1 + np.exp(-1.0))),
+        rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(results[2]), np.full((2, 2), 2 - np.tanh(1.0)),
+                               rtol=1e-6)
+    with pytest.raises(TypeError):
+        pow(x, 2, 3)
+
+
+def test_an_operand_the_recorder_cannot_describe_computes_the_operator_now():
+    x = tf.tanh(constant(1, 2))
+    ragged = tensorflow.ragged.constant([[1.0, 2.0]])
+    for result in (x + ragged, ragged + x):
+        assert isinstance(result, tensorflow.RaggedTensor)
+        np.testing.assert_allclose(result.to_tensor().numpy(),
+                                   np.tanh(1.0) + np.array([[1.0, 2.0]]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("arguments", [(), ({},), ([], ValueError),
+                                       ({"__add__": 1}, ValueError)])
+def test_set_operators_rejects_bad_tables_and_keeps_the_installed_ones(arguments):
+    with pytest.raises(TypeError):
+        _native.set_operators(*arguments)
+    node = tf.tanh(constant(1, 1))
+    assert type(node + 1.0) is VirtualNode

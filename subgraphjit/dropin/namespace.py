@@ -17,6 +17,7 @@ import types
 
 import tensorflow as tf
 
+from .. import _native
 from ..ir.node import VirtualNode
 from ..ir.record import build_entry_functions, record
 from ..ir.spec import NotLazy
@@ -95,29 +96,37 @@ def install(package, special_wrappers):
 
 
 def _install_operators():
+    # The arithmetic operators are VirtualNode's C slots (native/_native.c:
+    # no Python frame per op); the comparisons are methods here.
+    native = {}
     for dunder, (_, _, arity, reflected) in OPERATORS.items():
         entry = OPERATOR_ENTRIES[dunder]
-        setattr(VirtualNode, dunder, _operator_method(entry, arity, False))
-        if reflected:
-            setattr(VirtualNode, reflected, _operator_method(entry, arity, True))
+        if dunder in _COMPARISONS:
+            setattr(VirtualNode, dunder, _comparison_method(entry))
+        else:
+            native[dunder] = (entry, _computed_now(entry))
+    _native.set_operators(native, NotLazy)
     VirtualNode.__getitem__ = _getitem_method
 
 
-def _operator_method(entry, arity, reflected):
+_COMPARISONS = ("__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__")
+
+
+def _computed_now(entry):
+    """An operator whose operand the recorder cannot describe runs on the
+    node's value, now."""
     function = entry.fn
-    if arity == 1:
-        def method(self):
-            try:
-                return record(entry, (self,), ())
-            except NotLazy:
-                return function(self.value())
-    elif reflected:
-        def method(self, other):
-            try:
-                return record(entry, (other, self), ())
-            except NotLazy:
-                return function(other, self.value())
-    elif entry.name in ("operator.eq", "operator.ne"):
+
+    def computed_now(*operands):
+        return function(*(operand.value() if type(operand) is VirtualNode else operand
+                          for operand in operands))
+    computed_now.__name__ = entry.fn.__name__
+    return computed_now
+
+
+def _comparison_method(entry):
+    function = entry.fn
+    if entry.name in ("operator.eq", "operator.ne"):
         def method(self, other):
             if other is None:  # as tf.Tensor: comparing with None is not an op
                 return entry.name == "operator.ne"
