@@ -1386,7 +1386,8 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || one == NULL || no_attrs == NULL || node_type == NULL || node_operand_type == NULL
+            || one == NULL || no_attrs == NULL
+            || node_type == NULL || node_operand_type == NULL
             || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
                                      (PyObject *)node_type) < 0

@@ -99,7 +99,7 @@ def _install_operators():
     # The arithmetic operators are VirtualNode's C slots (native/_native.c:
     # no Python frame per op); the comparisons are methods here.
     native = {}
-    for dunder, (_, _, arity, reflected) in OPERATORS.items():
+    for dunder in OPERATORS:
         entry = OPERATOR_ENTRIES[dunder]
         if dunder in _COMPARISONS:
             setattr(VirtualNode, dunder, _comparison_method(entry))
