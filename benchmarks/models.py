@@ -138,9 +138,9 @@ def rate(name, setting, arguments):
         # collection is counted in both, in case only one mode runs); with
         # --same-minibatches every setting warms up as long, and always for
         # a model whose work depends on values (the number of ponder steps,
-        # the gates that expand a tree), which changes as it trains: timed
-        # after a shorter warm-up, "op, compiled" ran 43 rounds of
-        # tf.batching.map over the minibatches where the defaults ran 62.
+        # the gates that expand a tree), which changes as it trains (after
+        # its shorter warm-up, gated_tree's "op, compiled" timed 43 rounds
+        # of tf.batching.map, and the defaults, later minibatches, 62).
         warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
                           + len(Trial.UNITS) * (2 * PARAMETERS["compile"].default + 1))
     # One model for both modes, trained first, as a user's.
