@@ -171,13 +171,13 @@ def leave(scope, failed=False):
         if line.eager:   # a probe: minibatches grew, say; watched afresh
             line.unshared, line.eager, line.probe = 0, False, PROBE
         elif line.times is not None:   # a lazy turn: the turns end, lazily
-            line.turn = None
             _keep_lazy(line)
         else:   # a line waiting since its turns keeps waiting
             line.unshared = min(line.unshared, 0)
         return
     if line.eager:   # a probe that found nothing to batch either
-        line.scopes, line.probe = 0, min(2 * line.probe, LONGEST_PROBE)
+        line.scopes = 0
+        _back_off(line)
         return
     if line.times is not None:
         # (A turn that traced, compiled or inferred shapes is taken again:
@@ -222,6 +222,11 @@ def _keep_lazy(line):
     # many the time after: each turn taken eagerly costs a line that
     # batches a little (a minibatch of one tree) its batching's gain.
     line.times, line.unshared = None, -line.probe
+    _back_off(line)
+
+
+def _back_off(line):
+    """The next probe (or turns) waits twice as long, up to LONGEST_PROBE."""
     line.probe = min(2 * line.probe, LONGEST_PROBE)
 
 

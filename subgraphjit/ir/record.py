@@ -160,7 +160,7 @@ def build_entry_functions(entry, public_name):
                            skip="name")
 
     signature = ", ".join(
-        n if n not in defaults else f"{n}=_defaults[{n!r}]" for n in names)
+        n if n not in defaults else f"{n}=_default_{n}" for n in names)
     # An op of no tensors (tf.zeros) has no operand that would tell a
     # tf.function trace from eager code (a symbolic tensor refuses to be
     # recorded): it asks.
@@ -187,9 +187,11 @@ def build_entry_functions(entry, public_name):
         f"                pass\n"
         f"    return NotImplemented\n")
     namespace = {"_context": context, "_record": record, "_entry": entry,
-                 "_NotLazy": NotLazy, "_fn": entry.fn, "_defaults": defaults,
+                 "_NotLazy": NotLazy, "_fn": entry.fn,
                  "_thaw": entry.thaw, "_user_site": user_site,
                  "_executing_eagerly": tf.executing_eagerly,
+                 # TensorFlow's defaults: the signature's, and what
+                 # _passing_on compares arguments with (by identity).
                  **{f"_default_{n}": value for n, value in defaults.items()}}
     filename = f"<subgraphjit wrapper {entry.name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True),
