@@ -16,10 +16,10 @@ import tensorflow as tf
 
 from ..ir.record import annotate
 from ..ir.table import PATTERN_KINDS
-from . import varying
+from . import eager_ops, varying
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
-from .rules import NoRule, gather_rows, rule_for
+from .rules import NoRule, rule_for
 
 
 def _stacked(table, rows):
@@ -27,8 +27,8 @@ def _stacked(table, rows):
     if rows is None:
         return table
     if isinstance(rows, range):
-        return table[rows.start:rows.stop]
-    return gather_rows(table, tf.constant(rows, tf.int32))
+        return eager_ops.rows(table, rows.start, rows.stop)
+    return eager_ops.gather_rows(table, tf.constant(rows, tf.int32))
 
 
 def _row_numbers(table, rows):
@@ -36,9 +36,9 @@ def _row_numbers(table, rows):
     one form whatever the order, so a compiled pattern never retraces for
     a slice that is a gather next time."""
     if rows is None:
-        return table, tf.range(table.shape[0])
+        return table, eager_ops.row_numbers(0, table.shape[0])
     if isinstance(rows, range):
-        return table, tf.range(rows.start, rows.stop)
+        return table, eager_ops.row_numbers(rows.start, rows.stop)
     return table, tf.constant(rows, tf.int32)
 
 
@@ -94,7 +94,7 @@ class Executor:
             # corners of a padded result (varying.py): gathered, and stacked.
             rows = varying.rows_of_locations(
                 self.statistics, locations, [operand_spec.shape] * count)
-            return tf.reshape(rows, (count, *operand_spec.shape)), None
+            return eager_ops.reshape(rows, (count, *operand_spec.shape)), None
         first_source, first_row = locations[0]
         if first_row is not None and all(
                 source is first_source for source, _ in locations) and [
@@ -106,7 +106,7 @@ class Executor:
             return first_source, range(first_row, first_row + count)
         if all(row is None for _, row in locations):
             self.statistics["stacks"] += 1
-            return tf.stack([source for source, _ in locations]), None
+            return eager_ops.stack([source for source, _ in locations]), None
         # Rows of several results: one concat of the sources, one gather.
         sources, offsets, singles, rows = [], {}, [], []
         for source, row in locations:
@@ -120,7 +120,7 @@ class Executor:
             rows.append(("row", offsets[id(source)] + row))
         if singles:
             base = sum(s.shape[0] for s in sources)
-            sources.append(tf.stack(singles))
+            sources.append(eager_ops.stack(singles))
             rows = [r if kind == "row" else base + r for kind, r in rows]
         else:
             rows = [r for _, r in rows]
@@ -206,6 +206,8 @@ class Executor:
                 if rows is None:
                     rows = unstacked[id(source)] = tf.unstack(source)
                 values.append(rows[row])
+            elif type(row) is int:
+                values.append(eager_ops.row(source, row))
             else:
                 values.append(source[row])
         return values

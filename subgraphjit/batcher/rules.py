@@ -18,6 +18,7 @@ import contextlib
 import tensorflow as tf
 
 from ..ir.table import FrozenSlice
+from .eager_ops import reshape
 
 
 class NoRule(Exception):
@@ -130,7 +131,7 @@ def matmul_rule(entry, attrs, values, shared, ranks, output_spec, count):
     if (not flags and tuple(shared) == (False, True) and list(ranks) == [2, 2]
             and output_spec.dtype is not None):
         rows, inner = values[0].shape[1], values[0].shape[2]
-        a = tf.reshape(values[0], (-1, inner))
+        a = reshape(values[0], (-1, inner))
 
         def compute():
             return entry.call([a, values[1]], attrs)
@@ -141,7 +142,7 @@ def matmul_rule(entry, attrs, values, shared, ranks, output_spec, count):
         else:   # real: an adjoint is a transpose
             product = hook(a, values[1], bool(
                 options.get("transpose_b") or options.get("adjoint_b")), compute)
-        return tf.reshape(product, (count, rows, product.shape[-1]))
+        return reshape(product, (count, rows, product.shape[-1]))
     # Two stacked operands (MV-RNN) or higher ranks: a batched product.
     return broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count)
 
@@ -253,22 +254,6 @@ def _getitem(attrs, rank, output_spec, count, entry):
     if not isinstance(slice_spec, tuple) or isinstance(slice_spec, FrozenSlice):
         slice_spec = (slice_spec,)
     return ((FrozenSlice((None, None, None)),) + slice_spec,)
-
-
-@tf.custom_gradient
-def gather_rows(table, rows):
-    """tf.gather of rows whose gradient is a dense tensor.
-
-    tf.gather's own gradient is an IndexedSlices, which TensorFlow turns
-    dense only after dozens of small ops when it meets a concat or another
-    gradient of the same tensor; one segment sum does it at once.
-    """
-    def gradient(upstream):
-        size = table.shape[0]
-        if size is None:  # inside a compiled pattern: known at run time
-            size = tf.shape(table)[0]
-        return tf.math.unsorted_segment_sum(upstream, rows, size), None
-    return tf.gather(table, rows), gradient
 
 
 def gather_rule(entry, attrs, values, shared, ranks, output_spec, count):

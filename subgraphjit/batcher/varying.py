@@ -46,6 +46,7 @@ joined (``merge_types``).
 """
 
 import collections
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +54,8 @@ import tensorflow as tf
 from ..ir.table import PATTERN_KINDS
 from .graph import NodeOperand
 from .plan import NUMPY_OF_PYTHON
-from .rules import gather_rows
+from . import eager_ops
+from .eager_ops import gather_rows
 
 ROWS, SEGMENTS, SOFTMAX = "rows", "segments", "softmax"
 PADDED, PADDED_SOFTMAX = "padded", "padded softmax"
@@ -470,36 +472,41 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
     padded places (instance, slice, ...)) of ``shapes``, by one gather of
     their elements from the sources flattened: stacked and zero-padded to
     ``padded_shape`` if given, else every value's elements one after
-    another (flat)."""
+    another (flat).  (Per value a few NumPy calls on ints: this runs for
+    every instance of a batch over varying shapes.)"""
     if padded_shape is not None and all(
             type(row) is not tuple for _, row in locations) and all(
             shape[1:] == padded_shape[1:] for shape in shapes):
         return _gather_padded_rows(statistics, locations, shapes, padded_shape)
-    tables, offsets, total = [], {}, 0
+    tables, sources, total = [], {}, 0   # sources: id -> (offset, strides)
     element_indices = []
     for (source, row), shape in zip(locations, shapes):
-        offset = offsets.get(id(source))
-        if offset is None:
-            offset = offsets[id(source)] = total
-            tables.append(tf.reshape(source, (-1,)))
-            total += int(np.prod(source.shape))
-        size = int(np.prod(shape))
-        if row is None:
-            start = 0
-        elif type(row) is slice:
-            start = row.start * int(np.prod(source.shape[1:]))
-        elif type(row) is tuple:   # a padded place: its corner of the source
-            strides = [int(np.prod(source.shape[axis + 1:]))   # elements per step
-                       for axis in range(len(source.shape))]
+        shape = tuple(shape)
+        known = sources.get(id(source))
+        if known is None:
+            source_shape = tuple(source.shape)
+            # Elements per step of each axis, and of the whole source.
+            strides = [math.prod(source_shape[axis + 1:])
+                       for axis in range(len(source_shape))]
+            known = sources[id(source)] = (total, strides)
+            tables.append(eager_ops.reshape(source, (-1,)))
+            total += math.prod(source_shape)
+        offset, strides = known
+        if type(row) is tuple:   # a padded place: its corner of the source
             found = offset + row[0] * strides[0]
             for axis, (length, stride) in enumerate(zip(shape, strides[1:])):
                 found = found + (np.arange(length) * stride).reshape(
                     [-1 if a == axis else 1 for a in range(len(shape))])
             element_indices.append(np.broadcast_to(found, shape))
             continue
+        if row is None:
+            start = 0
+        elif type(row) is slice:
+            start = row.start * strides[0]
         else:
-            start = row * size
-        element_indices.append(offset + start + np.arange(size).reshape(shape))
+            start = row * math.prod(shape)
+        element_indices.append(np.arange(offset + start, offset + start + math.prod(shape))
+                               .reshape(shape))
     zero = total   # the index of a zero appended to the table
     tables.append(tf.zeros((1,), tables[0].dtype))
     if padded_shape is None:
@@ -537,7 +544,7 @@ def _row_tables(locations, shapes):
         if offset is None:
             table = source
             if row is not None and type(row) is not slice:   # [count, n, ...]: rows
-                table = tf.reshape(source, (-1, *source.shape[2:]))
+                table = eager_ops.reshape(source, (-1, *source.shape[2:]))
             offset = offsets[id(source)] = total
             total += table.shape[0]
             tables.append(table)
@@ -611,7 +618,7 @@ def rows_of_locations(statistics, locations, shapes):
     (``run_padded``) are gathered element by element."""
     if any(type(row) is tuple for _, row in locations):
         flat = gather_elements(statistics, locations, shapes)
-        return tf.reshape(flat, (-1, *shapes[0][1:]))
+        return eager_ops.reshape(flat, (-1, *shapes[0][1:]))
     tables, total, starts = _row_tables(locations, shapes)
     pieces = [(start, shape[0]) for start, shape in zip(starts, shapes)]
     first, expected, contiguous = pieces[0][0], pieces[0][0], True
@@ -627,7 +634,7 @@ def rows_of_locations(statistics, locations, shapes):
         if first == 0 and expected == total:
             return table
         statistics["slices"] += 1
-        return table[first:expected]
+        return eager_ops.rows(table, first, expected)
     rows = np.concatenate([np.arange(start, start + length, dtype=np.int32)
                            for start, length in pieces])
     statistics["gathers"] += 1

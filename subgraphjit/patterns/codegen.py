@@ -37,7 +37,8 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from ..batcher.rules import NoRule, gather_rows, register_family_rule, rule_for
+from ..batcher.eager_ops import gather_rows
+from ..batcher.rules import NoRule, register_family_rule, rule_for
 from ..context import context
 from ..ir import spec as specs
 from ..ir.record import infer_spec
