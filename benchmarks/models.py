@@ -141,7 +141,11 @@ def rate(name, setting, arguments):
         # the gates that expand a tree), which changes as it trains (after
         # its shorter warm-up, gated_tree's "op, compiled" timed 43 rounds
         # of tf.batching.map, and the defaults, later minibatches, 62).
+        # The trial's longest: each unit settling, every turn, and every
+        # turn retimed (a turn that traced patterns for new shapes, as
+        # each one of the variable-length model's subgraph unit does).
         warm_up_steps += (subgraphjit.get_parameter("collect") + len(Trial.TIMED)
+                          + Trial.RETIMES
                           + len(Trial.UNITS) * (2 * PARAMETERS["compile"].default + 1))
     # One model for both modes, trained first, as a user's.
     model = make_model(name, arguments.width, seed=0)

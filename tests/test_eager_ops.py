@@ -43,7 +43,7 @@ def _assert_same(results):
 
 @settings(max_examples=25, deadline=None)
 @given(tables, st.data())
-def test_rows_row_stack_and_reshape_are_the_ops_they_replace(table, data):
+def test_rows_row_stack_concat_and_reshape_are_the_ops_they_replace(table, data):
     table = _table(*table)
     rows = table.shape[0]
     start = data.draw(st.integers(0, rows))
@@ -55,6 +55,8 @@ def test_rows_row_stack_and_reshape_are_the_ops_they_replace(table, data):
                        lambda t: t[number], table))
     _assert_same(_both(lambda t: eager_ops.stack([t, 2 * t, t[::-1]]),
                        lambda t: tf.stack([t, 2 * t, t[::-1]]), table))
+    _assert_same(_both(lambda t: eager_ops.concat([t, 2 * t, t[::-1]]),
+                       lambda t: tf.concat([t, 2 * t, t[::-1]], 0), table))
     _assert_same(_both(lambda t: eager_ops.reshape(t, (-1,)),
                        lambda t: tf.reshape(t, (-1,)), table))
     np.testing.assert_array_equal(eager_ops.row_numbers(start, stop).numpy(),
@@ -104,10 +106,12 @@ def test_the_graph_mode_fallbacks_trace():
     @tf.function
     def run(table):
         return (eager_ops.rows(table, 1, 3), eager_ops.row(table, 2),
-                eager_ops.reshape(table, (-1,)), eager_ops.row_numbers(0, 2))
+                eager_ops.reshape(table, (-1,)), eager_ops.row_numbers(0, 2),
+                eager_ops.concat([table, table]))
 
     table = tf.reshape(tf.range(12.0), (4, 3))
-    slice_, row, flat, numbers = run(table)
+    slice_, row, flat, numbers, twice = run(table)
+    np.testing.assert_array_equal(twice.numpy(), np.concatenate([table.numpy()] * 2))
     np.testing.assert_array_equal(slice_.numpy(), table.numpy()[1:3])
     np.testing.assert_array_equal(row.numpy(), table.numpy()[2])
     np.testing.assert_array_equal(flat.numpy(), np.arange(12.0))

@@ -71,6 +71,13 @@ def stack(values):
     return gen_array_ops.pack(values, axis=0)
 
 
+def concat(values):
+    """``tf.concat(values, 0)``: the same ConcatV2."""
+    if not tf.executing_eagerly():
+        return tf.concat(values, 0)
+    return gen_array_ops.concat_v2(values, 0)
+
+
 def reshape(value, shape):
     """``tf.reshape(value, shape)``; a shape of Python ints (-1 for one of
     them) from the cache."""

@@ -124,7 +124,7 @@ class Executor:
             rows = [r if kind == "row" else base + r for kind, r in rows]
         else:
             rows = [r for _, r in rows]
-        table = sources[0] if len(sources) == 1 else tf.concat(sources, 0)
+        table = sources[0] if len(sources) == 1 else eager_ops.concat(sources)
         self.statistics["gathers"] += 1
         self.statistics["bytes_gathered"] += (
             count * int(np.prod(table.shape[1:])) * table.dtype.size)

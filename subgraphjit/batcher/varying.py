@@ -516,7 +516,7 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
         for instance, found in enumerate(element_indices):
             indices[(instance, *map(slice, found.shape))] = found
     statistics["gathers"] += 1
-    return gather_rows(tf.concat(tables, 0), tf.constant(indices, tf.int32))
+    return gather_rows(eager_ops.concat(tables), tf.constant(indices, tf.int32))
 
 
 def _gather_padded_rows(statistics, locations, shapes, padded_shape):
@@ -529,7 +529,7 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
         indices[instance, :shape[0]] = start + columns[:shape[0]]
     tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
     statistics["gathers"] += 1
-    return gather_rows(tf.concat(tables, 0), tf.constant(indices))
+    return gather_rows(eager_ops.concat(tables), tf.constant(indices))
 
 
 def _row_tables(locations, shapes):
@@ -627,7 +627,7 @@ def rows_of_locations(statistics, locations, shapes):
             contiguous = False
             break
         expected += length
-    table = tables[0] if len(tables) == 1 else tf.concat(tables, 0)
+    table = tables[0] if len(tables) == 1 else eager_ops.concat(tables)
     if len(tables) > 1:
         statistics["stacks"] += 1
     if contiguous:

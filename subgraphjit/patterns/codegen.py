@@ -37,6 +37,7 @@ import operator
 import numpy as np
 import tensorflow as tf
 
+from .. import overlap
 from ..batcher.eager_ops import gather_rows
 from ..batcher.rules import NoRule, register_family_rule, rule_for
 from ..context import context
@@ -46,6 +47,7 @@ from ..ir.spec import VARIABLE, classify_operand, dtype_of, is_variable
 from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, LOOKUP, WHOLE, OpEntry
 
 _pattern_numbers = itertools.count(1)
+_EAGER_TENSOR = type(tf.constant(0))
 
 
 @dataclasses.dataclass
@@ -88,7 +90,13 @@ class _Compiled:
             compiled = self._batched[key] = self._compile_batched(key)
         if isinstance(compiled, NoRule):
             raise compiled
-        return compiled(*[tensor for pair in arguments for tensor in pair])
+        flat = [tensor for pair in arguments for tensor in pair]
+        if all(type(tensor) is _EAGER_TENSOR for tensor in flat):
+            # Tensors of the key's specs: called flat, without matching
+            # them to the signature again (235-274 us a call, against
+            # 99-124 flat).
+            return overlap.call(compiled, flat)
+        return compiled(*flat)
 
     def traced(self, arguments):
         """``batched``, its ops traced into the caller's graph rather than
