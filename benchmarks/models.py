@@ -17,9 +17,9 @@ batching scope (``with tf.batching():``), then every loss read to NumPy.
 In each mode the first ``--warm-up`` minibatches (pattern collection,
 traces, compiled programs, and the defaults' granularity trial, one per
 mode) are timed apart; inference passes over its timed minibatches again
-until a second has passed (the model does not change).  This is the table that says which settings are
-the fastest, and so the defaults; the closing summary gives the defaults'
-ratios per model and flags those below 1.0x.
+until a second has passed (the model does not change).  This is the table
+that says which settings are the fastest, and so the defaults; the closing
+summary gives the defaults' ratios per model and flags those below 1.0x.
 
     python benchmarks/models.py                       # width 64, batch 25
     python benchmarks/models.py --width 16 --models tree_lstm mv_rnn
