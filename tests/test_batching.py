@@ -153,6 +153,28 @@ def test_in_order_rows_are_sliced_and_others_gathered(step_by_step):
             value.numpy(), 1 / (1 + np.exp(-2 * x.numpy()[[i]])), rtol=1e-6)
 
 
+def test_per_instance_python_lists_of_lower_rank_broadcast(step_by_step):
+    """``tanh(x_i) + [i, 1.0]``: the lists stack into a NumPy array whose
+    rows get a size-1 axis to broadcast as each instance's list did (the
+    rank alignment reads a NumPy array's shape too)."""
+    rng = np.random.default_rng(0)
+    xs = [tensorflow.Variable(rng.standard_normal((2, 2)).astype(np.float32))
+          for _ in range(3)]
+    results = []
+    for module in (tensorflow, tf):
+        tf.reset_stats()
+        with module.GradientTape() as tape:
+            outputs = [module.math.tanh(x) + [float(i), 1.0] for i, x in enumerate(xs)]
+            total = module.add_n([module.reduce_sum(y * y) for y in outputs])
+        results.append(([np.asarray(y) for y in outputs], tape.gradient(total, xs)))
+    assert tf.stats()["batch_sizes"].get(3), "the additions ran as one batch"
+    (expected, expected_gradients), (values, gradients) = results
+    for value, want in zip(values, expected):
+        np.testing.assert_allclose(value, want, rtol=1e-6)
+    for gradient, want in zip(gradients, expected_gradients):
+        assert_gradient_equal(gradient, want)
+
+
 def test_the_row_layout_turns_gathers_into_slices(step_by_step):
     """z_i = a_i + b_(5-i), with a and b computed from different variables:
     as scheduled, b (or a) is ordered like its own source and one of z's

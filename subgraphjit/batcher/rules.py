@@ -49,8 +49,9 @@ def _aligned(values, shared, instance_ranks, output_rank, count):
                 raise NoRule("a shared operand outranks the result")
             aligned.append(value)
         elif rank < output_rank:
-            dims = value.shape[1:]
-            if type(count) is int and dims.is_fully_defined():   # (eagerly)
+            dims = tuple(value.shape[1:])   # (of a tensor or a NumPy array)
+            if type(count) is int and all(type(size) is int for size in dims):
+                # Known eagerly: one reshape, no ops computing the shape.
                 aligned.append(reshape(value, (count, *[1] * (output_rank - rank), *dims)))
                 continue
             shape = tf.concat([[count], [1] * (output_rank - rank),
