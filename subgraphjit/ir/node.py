@@ -124,7 +124,7 @@ class VirtualNode:
                 _evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if overlap.holding():   # its batched value may still be computing
                 overlap.end()
-            if self.result is None and type(self.batched) is _EAGER_TENSOR:
+            if self.result is None and type(self.batched) is EAGER_TENSOR:
                 try:   # a view of TensorFlow's host buffer (private; no copy)
                     host = self.batched._numpy()
                 except AttributeError:
@@ -213,7 +213,7 @@ def _described(node, caller):
         "__name__", "").partition(".")[0] in _MESSAGE_BUILDERS)
 
 
-_EAGER_TENSOR = type(tf.constant(0))
+EAGER_TENSOR = type(tf.constant(0))
 
 
 def _row_of(batched, row):

@@ -42,12 +42,12 @@ from ..batcher.eager_ops import gather_rows
 from ..batcher.rules import NoRule, register_family_rule, rule_for
 from ..context import context
 from ..ir import spec as specs
+from ..ir.node import EAGER_TENSOR
 from ..ir.record import infer_spec
 from ..ir.spec import VARIABLE, classify_operand, dtype_of, is_variable
 from ..ir.table import ACCESS, ENTRIES_BY_NAME, GETITEM, LOOKUP, WHOLE, OpEntry
 
 _pattern_numbers = itertools.count(1)
-_EAGER_TENSOR = type(tf.constant(0))
 
 
 @dataclasses.dataclass
@@ -91,7 +91,7 @@ class _Compiled:
         if isinstance(compiled, NoRule):
             raise compiled
         flat = [tensor for pair in arguments for tensor in pair]
-        if all(type(tensor) is _EAGER_TENSOR for tensor in flat):
+        if all(type(tensor) is EAGER_TENSOR for tensor in flat):
             # Tensors of the key's specs: called flat, without matching
             # them to the signature again (235-274 us a call, against
             # 99-124 flat).
