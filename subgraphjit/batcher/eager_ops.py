@@ -29,7 +29,6 @@ except ImportError:   # then gather_rows always takes the custom gradient
 # full, so a long run of new bounds costs at most a conversion each.
 _VECTORS = {}
 _MOST_VECTORS = 4096
-_ONE = None
 
 
 def int_vector(values):
@@ -42,19 +41,12 @@ def int_vector(values):
     return vector
 
 
-def _one():
-    global _ONE
-    if _ONE is None:
-        _ONE = int_vector((1,))
-    return _ONE
-
-
 def rows(table, start, stop):
     """``table[start:stop]`` (0 <= start <= stop): the same StridedSlice."""
     if not tf.executing_eagerly():   # (the cache holds eager tensors only)
         return table[start:stop]
     return gen_array_ops.strided_slice(table, int_vector((start,)),
-                                       int_vector((stop,)), _one())
+                                       int_vector((stop,)), int_vector((1,)))
 
 
 def row(table, number):
@@ -62,7 +54,7 @@ def row(table, number):
     if not tf.executing_eagerly():
         return table[number]
     return gen_array_ops.strided_slice(table, int_vector((number,)),
-                                       int_vector((number + 1,)), _one(),
+                                       int_vector((number + 1,)), int_vector((1,)),
                                        shrink_axis_mask=1)
 
 

@@ -218,28 +218,29 @@ def _operator_function(name, python_operator, arity):
     return function
 
 
-# dunder name -> (entry name, Python operator, arity, reflected dunder or None)
+# dunder name -> (entry name, Python operator, arity); VirtualNode's C slots
+# take either operand order (native/_native.c)
 OPERATORS = {
-    "__add__": ("add", operator.add, 2, "__radd__"),
-    "__sub__": ("sub", operator.sub, 2, "__rsub__"),
-    "__mul__": ("mul", operator.mul, 2, "__rmul__"),
-    "__truediv__": ("truediv", operator.truediv, 2, "__rtruediv__"),
-    "__floordiv__": ("floordiv", operator.floordiv, 2, "__rfloordiv__"),
-    "__mod__": ("mod", operator.mod, 2, "__rmod__"),
-    "__pow__": ("pow", operator.pow, 2, "__rpow__"),
-    "__matmul__": ("matmul", operator.matmul, 2, "__rmatmul__"),
-    "__and__": ("and", operator.and_, 2, "__rand__"),
-    "__or__": ("or", operator.or_, 2, "__ror__"),
-    "__xor__": ("xor", operator.xor, 2, "__rxor__"),
-    "__lt__": ("lt", operator.lt, 2, None),
-    "__le__": ("le", operator.le, 2, None),
-    "__gt__": ("gt", operator.gt, 2, None),
-    "__ge__": ("ge", operator.ge, 2, None),
-    "__eq__": ("eq", operator.eq, 2, None),
-    "__ne__": ("ne", operator.ne, 2, None),
-    "__neg__": ("neg", operator.neg, 1, None),
-    "__abs__": ("abs", operator.abs, 1, None),
-    "__invert__": ("invert", operator.invert, 1, None),
+    "__add__": ("add", operator.add, 2),
+    "__sub__": ("sub", operator.sub, 2),
+    "__mul__": ("mul", operator.mul, 2),
+    "__truediv__": ("truediv", operator.truediv, 2),
+    "__floordiv__": ("floordiv", operator.floordiv, 2),
+    "__mod__": ("mod", operator.mod, 2),
+    "__pow__": ("pow", operator.pow, 2),
+    "__matmul__": ("matmul", operator.matmul, 2),
+    "__and__": ("and", operator.and_, 2),
+    "__or__": ("or", operator.or_, 2),
+    "__xor__": ("xor", operator.xor, 2),
+    "__lt__": ("lt", operator.lt, 2),
+    "__le__": ("le", operator.le, 2),
+    "__gt__": ("gt", operator.gt, 2),
+    "__ge__": ("ge", operator.ge, 2),
+    "__eq__": ("eq", operator.eq, 2),
+    "__ne__": ("ne", operator.ne, 2),
+    "__neg__": ("neg", operator.neg, 1),
+    "__abs__": ("abs", operator.abs, 1),
+    "__invert__": ("invert", operator.invert, 1),
 }
 
 _FAMILY_OF_OPERATOR = {"matmul": "matmul", "neg": "elementwise",
@@ -249,7 +250,7 @@ OPERATOR_ENTRIES = {
     dunder: OpEntry(f"operator.{name}",
                     _operator_function(name, python_operator, arity),
                     _FAMILY_OF_OPERATOR.get(name, "broadcasting"), tensors=arity)
-    for dunder, (name, python_operator, arity, _) in OPERATORS.items()
+    for dunder, (name, python_operator, arity) in OPERATORS.items()
 }
 
 
