@@ -16,7 +16,8 @@ it in the statistics.
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_math_ops
+from tensorflow.python.framework import config as tf_config
+from tensorflow.python.ops import gen_math_ops, gen_nn_ops
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
 from ..ir.table import FrozenSlice
@@ -335,6 +336,27 @@ def no_shared_rule(entry, attrs, values, shared, ranks, output_spec, count):
     return entry.call(values, attrs)
 
 
+def sparse_cross_entropy_rule(entry, attrs, values, shared, ranks, output_spec, count):
+    """``tf.nn.sparse_softmax_cross_entropy_with_logits`` of the stacked
+    instances as the function computes logits of rank 2: its fused op on
+    the logits' rows, the losses reshaped to the labels' shape.  Without
+    the function's Python around it (its checks hold: every instance
+    passed them when recorded), a minibatch's loss took 0.2 ms, not 1.2.
+    Float16 logits (computed in float32) and deterministic ops (another
+    kernel) take the function."""
+    if any(shared):
+        raise NoRule(f"{entry.name} with a shared operand")
+    labels, logits = values
+    if (not tf.executing_eagerly() or tf_config.is_op_determinism_enabled()
+            or logits.dtype not in (tf.float32, tf.float64)):
+        return entry.call(values, attrs)
+    labels = tf.convert_to_tensor(labels)
+    classes = logits.shape[-1]
+    losses, _ = gen_nn_ops.sparse_softmax_cross_entropy_with_logits(
+        features=reshape(logits, (-1, classes)), labels=reshape(labels, (-1,)))
+    return reshape(losses, tuple(labels.shape))
+
+
 def bias_add_rule(entry, attrs, values, shared, ranks, output_spec, count):
     if dict(zip(entry.attr_params, attrs)).get("data_format") not in (None, "NHWC"):
         raise NoRule("bias_add with a channels-first data format")
@@ -358,6 +380,7 @@ _FAMILY_RULES = {
 _ENTRY_RULES = {
     "tensordot": tensordot_rule,
     "nn.bias_add": bias_add_rule,
+    "nn.sparse_softmax_cross_entropy_with_logits": sparse_cross_entropy_rule,
     "nn.softmax_cross_entropy_with_logits": _bound(  # no shared operands
         lambda attrs, rank, spec, count, entry: _with(attrs, entry, axis=_shift_axis(
             dict(zip(entry.attr_params, attrs))["axis"], rank))),

@@ -50,6 +50,7 @@ import math
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_math_ops
 
 from ..ir.table import PATTERN_KINDS
 from .graph import NodeOperand
@@ -410,29 +411,31 @@ def run_padded(executor, indices, kind):
             continue
         shapes = [_shape_of(operand) for operand in operands]
         locations = _locations(executor, operands, specs[position])
-        padded_shape = tuple(np.max(shapes, axis=0))
+        padded_shape = _largest(shapes)
         source = locations[0][0]
-        if ((kind == PADDED_SOFTMAX or _padding_safe(first.entry.name, shared)) and all(
-                where is source and type(row) is tuple and row[0] == k
-                for k, (where, row) in enumerate(locations))
-                and tuple(source.shape) == (count, *padded_shape)):
-            # The padded result of the batch before, as it is: these ops'
-            # values and gradients in an instance's corner read only that
-            # corner (see _PADDING_SAFE).
-            values.append(source)
+        if all(where is source and type(row) is tuple and row[0] == k
+               for k, (where, row) in enumerate(locations)) and (
+                tuple(source.shape) == (count, *padded_shape)):
+            # The padded result of the batch before, in the same order.
+            if kind == PADDED_SOFTMAX or _padding_safe(first.entry.name, shared):
+                # As it is: these ops' values and gradients in an
+                # instance's corner read only that corner (_PADDING_SAFE).
+                values.append(source)
+            else:
+                # Its padding selected away to zeros (a select: whatever the
+                # padding holds, inf or NaN, reaches neither value nor gradient).
+                values.append(_masked(source, _corners_mask(shapes, padded_shape), 0))
             continue
         values.append(gather_elements(executor.statistics, locations, shapes,
                                       padded_shape=padded_shape))
     output_shapes = [graph.nodes[i].spec.shape for i in indices]
-    padded_shape = tuple(np.max(output_shapes, axis=0))
+    padded_shape = _largest(output_shapes)
     attrs = first.attrs
     if kind == PADDED_SOFTMAX:
-        mask = np.zeros((count, *padded_shape), bool)
-        for instance, shape in enumerate(output_shapes):
-            mask[(instance, *map(slice, shape))] = True
         # Masked logits at the dtype's lowest: exp gives an exact 0 beside
         # any real logit (a row all padding is uniform, and never read).
-        values[0] = tf.where(tf.constant(mask), values[0], values[0].dtype.min)
+        values[0] = _masked(values[0], _corners_mask(output_shapes, padded_shape),
+                            values[0].dtype.min)
         options = dict(zip(first.entry.attr_params, attrs))
         axis = options.get("axis")
         axis = -1 if axis is None else int(axis)
@@ -442,11 +445,31 @@ def run_padded(executor, indices, kind):
     statistics = executor.statistics
     statistics["varying_batches"][first.entry.name] += 1
     statistics["varying_instances"][first.entry.name] += count
-    statistics["padding_elements"] += count * int(np.prod(padded_shape)) - sum(
-        int(np.prod(shape)) for shape in output_shapes)
+    statistics["padding_elements"] += count * math.prod(padded_shape) - sum(
+        map(math.prod, output_shapes))
     for instance, (index, shape) in enumerate(zip(indices, output_shapes)):
         executor.batched_of[index] = batched
         executor.row_of[index] = (instance, *map(slice, shape))
+
+
+def _largest(shapes):
+    """The shape that holds each of ``shapes`` (of one rank)."""
+    return tuple(map(max, zip(*shapes)))
+
+
+def _corners_mask(shapes, padded_shape):
+    """True in each instance's own corner of a padded value."""
+    mask = np.zeros((len(shapes), *padded_shape), bool)
+    for instance, shape in enumerate(shapes):
+        mask[(instance, *map(slice, shape))] = True
+    return mask
+
+
+def _masked(value, mask, fill):
+    """``value`` where ``mask``, else ``fill`` (tf.where's op, called
+    directly: its gradient reaches ``value`` only where ``mask``)."""
+    return gen_math_ops.select_v2(tf.constant(mask), value,
+                                  tf.constant(fill, value.dtype))
 
 
 # Ops that may read the padded result of the batch before as it is, padding
@@ -475,9 +498,10 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
     another (flat).  (Per value a few NumPy calls on ints: this runs for
     every instance of a batch over varying shapes.)"""
     if padded_shape is not None and all(
-            type(row) is not tuple for _, row in locations) and all(
-            shape[1:] == padded_shape[1:] for shape in shapes):
-        return _gather_padded_rows(statistics, locations, shapes, padded_shape)
+            tuple(shape[1:]) == tuple(padded_shape[1:]) for shape in shapes):
+        row_places = _row_places(locations, shapes)
+        if row_places is not None:
+            return _gather_padded_rows(statistics, row_places, shapes, padded_shape)
     tables, sources, total = [], {}, 0   # sources: id -> (offset, strides)
     element_indices = []
     for (source, row), shape in zip(locations, shapes):
@@ -530,6 +554,27 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
     tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
     statistics["gathers"] += 1
     return gather_rows(eager_ops.concat(tables), tf.constant(indices))
+
+
+def _row_places(locations, shapes):
+    """The locations with each padded place (instance, slice, ...) as a
+    slice of rows of its source reshaped to ``[count * N, ...]``, so that
+    rows are gathered, not elements; None if some place does not cover
+    its source's later axes whole (then its rows are not contiguous)."""
+    reshaped, places = {}, []
+    for (source, row), shape in zip(locations, shapes):
+        if type(row) is not tuple:
+            places.append((source, row))
+            continue
+        source_shape = tuple(source.shape)
+        if tuple(shape[1:]) != source_shape[2:] or len(row) != len(shape) + 1:
+            return None
+        table = reshaped.get(id(source))
+        if table is None:
+            table = reshaped[id(source)] = eager_ops.reshape(source, (-1, *source_shape[2:]))
+        start = row[0] * source_shape[1] + (row[1].start or 0)
+        places.append((table, slice(start, start + shape[0])))
+    return places
 
 
 def _row_tables(locations, shapes):
@@ -617,8 +662,11 @@ def rows_of_locations(statistics, locations, shapes):
     gradient of the whole source).  Values in padded results
     (``run_padded``) are gathered element by element."""
     if any(type(row) is tuple for _, row in locations):
-        flat = gather_elements(statistics, locations, shapes)
-        return eager_ops.reshape(flat, (-1, *shapes[0][1:]))
+        row_places = _row_places(locations, shapes)
+        if row_places is None:
+            flat = gather_elements(statistics, locations, shapes)
+            return eager_ops.reshape(flat, (-1, *shapes[0][1:]))
+        locations = row_places
     tables, total, starts = _row_tables(locations, shapes)
     pieces = [(start, shape[0]) for start, shape in zip(starts, shapes)]
     first, expected, contiguous = pieces[0][0], pieces[0][0], True
