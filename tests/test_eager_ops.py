@@ -61,6 +61,10 @@ def test_rows_row_stack_concat_and_reshape_are_the_ops_they_replace(table, data)
                        lambda t: tf.reshape(t, (-1,)), table))
     np.testing.assert_array_equal(eager_ops.row_numbers(start, stop).numpy(),
                                   tf.range(start, stop).numpy())
+    for dtype in (tf.float32, tf.float64, tf.int32, tf.bfloat16):
+        zeros, expected = eager_ops.zeros((start, stop), dtype), tf.zeros((start, stop), dtype)
+        assert zeros.dtype == expected.dtype and zeros.shape == expected.shape
+        np.testing.assert_array_equal(zeros.numpy(), expected.numpy())
 
 
 @settings(max_examples=25, deadline=None)
@@ -107,10 +111,11 @@ def test_the_graph_mode_fallbacks_trace():
     def run(table):
         return (eager_ops.rows(table, 1, 3), eager_ops.row(table, 2),
                 eager_ops.reshape(table, (-1,)), eager_ops.row_numbers(0, 2),
-                eager_ops.concat([table, table]))
+                eager_ops.concat([table, table]), eager_ops.zeros((1, 3), table.dtype))
 
     table = tf.reshape(tf.range(12.0), (4, 3))
-    slice_, row, flat, numbers, twice = run(table)
+    slice_, row, flat, numbers, twice, zeros = run(table)
+    np.testing.assert_array_equal(zeros.numpy(), np.zeros((1, 3)))
     np.testing.assert_array_equal(twice.numpy(), np.concatenate([table.numpy()] * 2))
     np.testing.assert_array_equal(slice_.numpy(), table.numpy()[1:3])
     np.testing.assert_array_equal(row.numpy(), table.numpy()[2])

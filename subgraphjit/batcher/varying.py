@@ -532,7 +532,7 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
         element_indices.append(np.arange(offset + start, offset + start + math.prod(shape))
                                .reshape(shape))
     zero = total   # the index of a zero appended to the table
-    tables.append(tf.zeros((1,), tables[0].dtype))
+    tables.append(eager_ops.zeros((1,), tables[0].dtype))
     if padded_shape is None:
         indices = np.concatenate([i.reshape(-1) for i in element_indices])
     else:
@@ -551,7 +551,7 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
     columns = np.arange(padded_shape[0])
     for instance, (start, shape) in enumerate(zip(starts, shapes)):
         indices[instance, :shape[0]] = start + columns[:shape[0]]
-    tables.append(tf.zeros((1, *padded_shape[1:]), tables[0].dtype))
+    tables.append(eager_ops.zeros((1, *padded_shape[1:]), tables[0].dtype))
     statistics["gathers"] += 1
     return gather_rows(eager_ops.concat(tables), tf.constant(indices))
 
