@@ -393,8 +393,9 @@ def _by_position(graph, indices):
 
 def run_padded(executor, indices, kind):
     """One op over the instances zero-padded to the largest shape: operands
-    gathered by rows or elements (padding reads a zero), the
-    result kept padded, each node's value its own corner of it (its place
+    gathered by rows where they can be, else by elements (padding reads a
+    zero), or the padded result of the batch before with its padding
+    selected away (or as it is, where that is safe); the result kept padded, each node's value its own corner of it (its place
     a tuple: its row, then a slice per axis).  Consumers read only those
     corners, so the padding's values never reach a value or a gradient
     (its gradient goes to the zero it read, which no variable holds)."""
@@ -567,7 +568,7 @@ def _row_places(locations, shapes):
             places.append((source, row))
             continue
         source_shape = tuple(source.shape)
-        if tuple(shape[1:]) != source_shape[2:] or len(row) != len(shape) + 1:
+        if not shape or tuple(shape[1:]) != source_shape[2:] or len(row) != len(shape) + 1:
             return None
         table = reshaped.get(id(source))
         if table is None:
