@@ -395,8 +395,9 @@ def run_padded(executor, indices, kind):
     """One op over the instances zero-padded to the largest shape: operands
     gathered by rows where they can be, else by elements (padding reads a
     zero), or the padded result of the batch before with its padding
-    selected away (or as it is, where that is safe); the result kept padded, each node's value its own corner of it (its place
-    a tuple: its row, then a slice per axis).  Consumers read only those
+    selected away (or as it is, where that is safe); the result kept
+    padded, each node's value its own corner of it (its place a tuple: its
+    row, then a slice per axis).  Consumers read only those
     corners, so the padding's values never reach a value or a gradient
     (its gradient goes to the zero it read, which no variable holds)."""
     graph = executor.graph
