@@ -500,10 +500,9 @@ def gather_elements(statistics, locations, shapes, padded_shape=None):
     another (flat).  (Per value a few NumPy calls on ints: this runs for
     every instance of a batch over varying shapes.)"""
     if padded_shape is not None and all(
-            tuple(shape[1:]) == tuple(padded_shape[1:]) for shape in shapes):
-        row_places = _row_places(locations, shapes)
-        if row_places is not None:
-            return _gather_padded_rows(statistics, row_places, shapes, padded_shape)
+            tuple(shape[1:]) == tuple(padded_shape[1:]) for shape in shapes) and (
+            _whole_rows(locations, shapes)):
+        return _gather_padded_rows(statistics, locations, shapes, padded_shape)
     tables, sources, total = [], {}, 0   # sources: id -> (offset, strides)
     element_indices = []
     for (source, row), shape in zip(locations, shapes):
@@ -558,40 +557,31 @@ def _gather_padded_rows(statistics, locations, shapes, padded_shape):
     return gather_rows(eager_ops.concat(tables), tf.constant(indices))
 
 
-def _row_places(locations, shapes):
-    """The locations with each padded place (instance, slice, ...) as a
-    slice of rows of its source reshaped to ``[count * N, ...]``, so that
-    rows are gathered, not elements; None if some place does not cover
-    its source's later axes whole (then its rows are not contiguous)."""
-    reshaped, places = {}, []
-    for (source, row), shape in zip(locations, shapes):
-        if type(row) is not tuple:
-            places.append((source, row))
-            continue
-        source_shape = tuple(source.shape)
-        if not shape or tuple(shape[1:]) != source_shape[2:] or len(row) != len(shape) + 1:
-            return None
-        table = reshaped.get(id(source))
-        if table is None:
-            table = reshaped[id(source)] = eager_ops.reshape(source, (-1, *source_shape[2:]))
-        start = row[0] * source_shape[1] + (row[1].start or 0)
-        places.append((table, slice(start, start + shape[0])))
-    return places
+def _whole_rows(locations, shapes):
+    """Whether every padded place (instance, slice, ...) covers its
+    source's later axes whole: then its values are rows of the source
+    ``[count, N, ...]`` read as ``[count * N, ...]`` (``_row_tables``),
+    gathered as rows rather than element by element."""
+    return all(type(row) is not tuple or (
+        shape and tuple(shape[1:]) == tuple(source.shape[2:]) and len(row) == len(shape) + 1)
+        for (source, row), shape in zip(locations, shapes))
 
 
 def _row_tables(locations, shapes):
     """(tables, their total rows, each value's first row in them): each
     distinct source once, a stacked result ``[count, n, ...]`` as its rows;
     a value at ``(source, row)`` of ``shape`` starts at its source's offset
-    plus 0 (the source itself), the slice's start, or ``row`` times its
-    length (a row of a stacked result)."""
+    plus 0 (the source itself), the slice's start, ``row`` times its
+    length (a row of a stacked result), or for a padded place (instance,
+    slice, ...) covering whole rows (``_whole_rows``) the instance's first
+    row in the padded result's rows."""
     tables, offsets, starts, total = [], {}, [], 0
     for (source, row), shape in zip(locations, shapes):
         offset = offsets.get(id(source))
         if offset is None:
             table = source
             if row is not None and type(row) is not slice:   # [count, n, ...]: rows
-                table = eager_ops.reshape(source, (-1, *source.shape[2:]))
+                table = eager_ops.reshape(source, (-1, *tuple(source.shape)[2:]))
             offset = offsets[id(source)] = total
             total += table.shape[0]
             tables.append(table)
@@ -599,6 +589,8 @@ def _row_tables(locations, shapes):
             starts.append(offset)
         elif type(row) is slice:
             starts.append(offset + row.start)
+        elif type(row) is tuple:
+            starts.append(offset + row[0] * source.shape[1] + (row[1].start or 0))
         else:
             starts.append(offset + row * shape[0])
     return tables, total, starts
@@ -662,13 +654,11 @@ def rows_of_locations(statistics, locations, shapes):
     it, a concat of whole sources, or one gather from their rows (whose
     gradient is one segment sum, where slices would each give a dense
     gradient of the whole source).  Values in padded results
-    (``run_padded``) are gathered element by element."""
-    if any(type(row) is tuple for _, row in locations):
-        row_places = _row_places(locations, shapes)
-        if row_places is None:
-            flat = gather_elements(statistics, locations, shapes)
-            return eager_ops.reshape(flat, (-1, *shapes[0][1:]))
-        locations = row_places
+    (``run_padded``) are rows of them where they cover whole rows
+    (``_whole_rows``), else gathered element by element."""
+    if not _whole_rows(locations, shapes):
+        flat = gather_elements(statistics, locations, shapes)
+        return eager_ops.reshape(flat, (-1, *shapes[0][1:]))
     tables, total, starts = _row_tables(locations, shapes)
     pieces = [(start, shape[0]) for start, shape in zip(starts, shapes)]
     first, expected, contiguous = pieces[0][0], pieces[0][0], True
