@@ -902,7 +902,61 @@ PyDoc_STRVAR(replace_doc,
 "marks the subgraph's other nodes swallowed, and the search goes on\n"
 "from those inputs; a node that matches nothing is passed\n"
 "by, and the search goes on from its operands.  Only unevaluated nodes\n"
-"are reached.  Returns (reached, replaced): lists of nodes, in id order.");
+"are reached.  Returns (reached, replaced, matches): lists of nodes, in\n"
+"id order, and a dict of the replaced nodes per pattern entry.");
+
+/* Replacements per pattern entry, counted as they happen (a handful of
+ * patterns: a linear search); the entries are borrowed from the
+ * candidates, which the search holds. */
+typedef struct {
+    PyObject **entries;
+    Py_ssize_t *counts;
+    Py_ssize_t size, capacity;
+} Tally;
+
+static int
+tally_add(Tally *tally, PyObject *entry)
+{
+    for (Py_ssize_t i = 0; i < tally->size; i++) {
+        if (tally->entries[i] == entry) {
+            tally->counts[i]++;
+            return 0;
+        }
+    }
+    if (tally->size == tally->capacity) {
+        Py_ssize_t capacity = tally->capacity ? 2 * tally->capacity : 8;
+        PyObject **entries = PyMem_Realloc(tally->entries, capacity * sizeof(PyObject *));
+        if (entries == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        tally->entries = entries;
+        Py_ssize_t *counts = PyMem_Realloc(tally->counts, capacity * sizeof(Py_ssize_t));
+        if (counts == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        tally->counts = counts;
+        tally->capacity = capacity;
+    }
+    tally->entries[tally->size] = entry;
+    tally->counts[tally->size++] = 1;
+    return 0;
+}
+
+/* The tally as a new dict {entry: count}, or NULL with an exception set. */
+static PyObject *
+tally_dict(Tally *tally)
+{
+    PyObject *dict = PyDict_New();
+    for (Py_ssize_t i = 0; dict != NULL && i < tally->size; i++) {
+        PyObject *count = PyLong_FromSsize_t(tally->counts[i]);
+        if (count == NULL || PyDict_SetItem(dict, tally->entries[i], count) < 0)
+            Py_CLEAR(dict);
+        Py_XDECREF(count);
+    }
+    return dict;
+}
 
 static PyObject *
 replace(PyObject *module, PyObject *args)
@@ -937,6 +991,7 @@ replace(PyObject *module, PyObject *args)
      * order, and the rest never becomes a pattern's interior. */
     PyObject *result = NULL, *stack[STACK_SLOTS];
     KeyedArray reached = {0}, pending = {0}, replaced = {0};
+    Tally matches = {0};
     IdBits ids = {0};
     Run run;
     int running = 0;
@@ -988,7 +1043,8 @@ replace(PyObject *module, PyObject *args)
                 goto done;
             if (found) {   /* the first match wins: the largest pattern */
                 if (rewrite(node, candidate, &run) < 0
-                        || keyed_push(&replaced, node) < 0)
+                        || keyed_push(&replaced, node) < 0
+                        || tally_add(&matches, PyTuple_GET_ITEM(candidate, 1)) < 0)
                     goto done;
                 break;
             }
@@ -1002,10 +1058,12 @@ replace(PyObject *module, PyObject *args)
      * holds a reference to.) */
     PyObject *reached_list = keyed_list(&reached);
     PyObject *replaced_list = reached_list == NULL ? NULL : keyed_list(&replaced);
-    if (reached_list != NULL && replaced_list != NULL)
-        result = PyTuple_Pack(2, reached_list, replaced_list);
+    PyObject *match_counts = replaced_list == NULL ? NULL : tally_dict(&matches);
+    if (match_counts != NULL)
+        result = PyTuple_Pack(3, reached_list, replaced_list, match_counts);
     Py_XDECREF(reached_list);
     Py_XDECREF(replaced_list);
+    Py_XDECREF(match_counts);
 done:
     if (running)
         run_end(&run, stack);
@@ -1014,6 +1072,8 @@ done:
     PyMem_Free(reached.items);
     PyMem_Free(pending.items);
     PyMem_Free(replaced.items);
+    PyMem_Free(matches.entries);
+    PyMem_Free(matches.counts);
     idbits_free(&ids);
     idset_free(&labels.required);
     Py_DECREF(candidates);

@@ -568,9 +568,9 @@ def test_odd_nodes_never_match_and_never_crash():
     del leaf.spec
     assert _native.match(program, node(2, ACCESS, (leaf,), (0,)), labels()) is None
     odd = node(2, ACCESS, ([], 5, leaf), (0,))
-    reached, replaced = _native.replace([odd], {ACCESS: ((program, ACCESS, ()),)},
-                                        labels())
-    assert len(reached) == 2 and reached[1] is odd and replaced == []
+    reached, replaced, matches = _native.replace(
+        [odd], {ACCESS: ((program, ACCESS, ()),)}, labels())
+    assert len(reached) == 2 and reached[1] is odd and replaced == [] and matches == {}
 
 
 def test_a_label_found_equal_for_one_spec_decides_nothing_for_another():
@@ -591,15 +591,17 @@ def test_a_label_found_equal_for_one_spec_decides_nothing_for_another():
                 for k, given in enumerate((wide, narrow, wide))]
 
     nodes = graph()
-    reached, replaced = _native.replace(nodes, candidates, signer.match_labels())
+    reached, replaced, matches = _native.replace(nodes, candidates, signer.match_labels())
     assert [node.id for node in replaced] == [nodes[0].id, nodes[2].id]
+    assert matches == {ENTRIES_BY_NAME["math.tanh"]: 2}
     assert nodes[1].entry is entry
     # Labels that no longer match the remembered spec's: nothing matches.
     relabelled = Signer("shape", for_patterns=True)
     relabelled._spec_labels[wide] = "other"
     nodes = graph()
-    reached, replaced = _native.replace(nodes, candidates, relabelled.match_labels())
-    assert replaced == []
+    reached, replaced, matches = _native.replace(nodes, candidates,
+                                                 relabelled.match_labels())
+    assert replaced == [] and matches == {}
 
 
 def test_errors_in_label_callbacks_propagate():

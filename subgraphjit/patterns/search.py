@@ -192,10 +192,10 @@ class PatternSearch:
                          for template, pattern in sorted(
                              candidates, key=lambda candidate: -candidate[1].op_count))
             for entry, candidates in by_entry.items()}
-        reached, replaced = _native.replace(
+        reached, replaced, matches = _native.replace(
             roots, candidates_by_entry, signer.match_labels())
-        for entry, matches in collections.Counter(node.entry for node in replaced).items():
-            entry.pattern.matches += matches
+        for entry, count in matches.items():
+            entry.pattern.matches += count
         context.pattern_matches += len(replaced)
         if context.parameters["fuse"]:
             self._fuse_in_place(replaced)  # (in id order: recording order)
