@@ -909,8 +909,12 @@ PyDoc_STRVAR(replace_doc,
  * patterns: a linear search); the entries are borrowed from the
  * candidates, which the search holds. */
 typedef struct {
-    PyObject **entries;
-    Py_ssize_t *counts;
+    PyObject *entry;
+    Py_ssize_t count;
+} Tallied;
+
+typedef struct {
+    Tallied *items;
     Py_ssize_t size, capacity;
 } Tally;
 
@@ -918,29 +922,15 @@ static int
 tally_add(Tally *tally, PyObject *entry)
 {
     for (Py_ssize_t i = 0; i < tally->size; i++) {
-        if (tally->entries[i] == entry) {
-            tally->counts[i]++;
+        if (tally->items[i].entry == entry) {
+            tally->items[i].count++;
             return 0;
         }
     }
-    if (tally->size == tally->capacity) {
-        Py_ssize_t capacity = tally->capacity ? 2 * tally->capacity : 8;
-        PyObject **entries = PyMem_Realloc(tally->entries, capacity * sizeof(PyObject *));
-        if (entries == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        tally->entries = entries;
-        Py_ssize_t *counts = PyMem_Realloc(tally->counts, capacity * sizeof(Py_ssize_t));
-        if (counts == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        tally->counts = counts;
-        tally->capacity = capacity;
-    }
-    tally->entries[tally->size] = entry;
-    tally->counts[tally->size++] = 1;
+    if (tally->size == tally->capacity
+            && array_grow((void **)&tally->items, &tally->capacity, sizeof(Tallied)) < 0)
+        return -1;
+    tally->items[tally->size++] = (Tallied){entry, 1};
     return 0;
 }
 
@@ -950,8 +940,8 @@ tally_dict(Tally *tally)
 {
     PyObject *dict = PyDict_New();
     for (Py_ssize_t i = 0; dict != NULL && i < tally->size; i++) {
-        PyObject *count = PyLong_FromSsize_t(tally->counts[i]);
-        if (count == NULL || PyDict_SetItem(dict, tally->entries[i], count) < 0)
+        PyObject *count = PyLong_FromSsize_t(tally->items[i].count);
+        if (count == NULL || PyDict_SetItem(dict, tally->items[i].entry, count) < 0)
             Py_CLEAR(dict);
         Py_XDECREF(count);
     }
@@ -1072,8 +1062,7 @@ done:
     PyMem_Free(reached.items);
     PyMem_Free(pending.items);
     PyMem_Free(replaced.items);
-    PyMem_Free(matches.entries);
-    PyMem_Free(matches.counts);
+    PyMem_Free(matches.items);
     idbits_free(&ids);
     idset_free(&labels.required);
     Py_DECREF(candidates);
