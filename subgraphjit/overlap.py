@@ -34,6 +34,7 @@ compiled program's (the tape replaying each batch's ops) queues too, its
 ops dispatched by this thread as before but run by the other.
 """
 
+import contextlib
 import threading
 
 import tensorflow as tf
@@ -109,6 +110,24 @@ def end():
         "set_parameter('overlap', False) runs every operation where it is "
         "called.")
     raise failed
+
+
+@contextlib.contextmanager
+def in_place():
+    """Run the block's ops where they are called, not queued, without
+    waiting for the queue: for ops that read nothing queued (a spec's
+    inference on stand-ins).  An op that fails on the queue poisons it,
+    and every later op of the thread with it, until ``end()``."""
+    synchronous = getattr(_thread, "synchronous", None)
+    if synchronous is None:
+        yield
+        return
+    current = _eager()[0].context()
+    current.executor = synchronous
+    try:
+        yield
+    finally:
+        current.executor = _thread.queue
 
 
 def hold(nodes, operands):

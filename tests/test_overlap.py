@@ -99,6 +99,28 @@ def test_an_error_in_the_asynchronous_stretch_is_raised_at_the_next_evaluation(c
                for variable, old in zip(model.variables, before))
 
 
+def test_a_recorded_op_that_fails_in_the_asynchronous_stretch_leaves_the_queue_unharmed():
+    """A spec's inference (the first lookup of its shape) fails on an id out
+    of range while a backward is queued: the error is raised where the op
+    is recorded, naming the user's line, and the thread's later ops, plain
+    TensorFlow's included, run as usual (an op failing on the queue would
+    poison it until the next evaluation)."""
+    table = tensorflow.Variable(np.arange(12, dtype=np.float32).reshape(4, 3))
+    with tf.GradientTape() as tape:
+        loss = tf.build(tf.reduce_sum(tf.nn.embedding_lookup(table, [1, 2])))
+    tape.gradient(loss, [table])
+    assert overlap.active()
+    with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
+        with tf.GradientTape():
+            tf.nn.embedding_lookup(table, [0, 1, 9])   # (a shape not seen before)
+    assert any("test_overlap.py" in note for note in raised.value.__notes__)
+    assert tensorflow.Variable([1.0, 2.0]).numpy().tolist() == [1.0, 2.0]
+    with tf.GradientTape():
+        looked_up = tf.build(tf.nn.embedding_lookup(table, [3, 0, 1]))
+    np.testing.assert_array_equal(looked_up.numpy(), table.numpy()[[3, 0, 1]])
+    overlap.end()
+
+
 # -- pipelined inference: a scope's first parts run while the rest records --
 
 @pytest.fixture

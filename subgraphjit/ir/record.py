@@ -26,7 +26,7 @@ import time
 
 import tensorflow as tf
 
-from .. import _native
+from .. import _native, overlap
 from ..context import context
 from ..forced import user_frame
 from . import spec as specs
@@ -47,7 +47,14 @@ def _infer(entry, inputs, attrs, key, site):
     """Run the real op once to learn its output spec (cached): on stand-ins
     for tensors (a node has no value yet; reading a variable here would be
     seen by the user's tape), on the values themselves for Python and NumPy
-    operands, which TensorFlow converts by their value."""
+    operands, which TensorFlow converts by their value.  In place, even
+    while a backward is queued (overlap.py): an op that fails here (an id
+    out of range) raises now, and leaves the queue unharmed."""
+    with overlap.in_place():
+        return _infer_in_place(entry, inputs, attrs, key, site)
+
+
+def _infer_in_place(entry, inputs, attrs, key, site):
     if entry.infer is not None:   # an entry of its own kind (dispatch.GenericApi)
         context.shape_inferences += 1
         return entry.infer(entry, inputs, attrs, key, site)
