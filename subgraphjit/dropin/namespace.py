@@ -23,11 +23,13 @@ from ..ir.record import build_entry_functions, record
 from ..ir.spec import NotLazy
 from ..ir.table import ALL_ENTRIES, GETITEM, OPERATOR_ENTRIES, OPERATORS, TF_ENTRIES
 from . import dispatch, functions, layers, optimizers
+from .fast import FAST
 
 # Submodules that hold patched functions; each gets a forwarding proxy.
 PATCHED_SUBMODULES = ("math", "nn", "linalg")
 
-WRAPPERS = {entry.name: build_entry_functions(entry, entry.name.rsplit(".", 1)[-1])
+WRAPPERS = {entry.name: build_entry_functions(entry, entry.name.rsplit(".", 1)[-1],
+                                              FAST.get(entry.name))
             for entry in ALL_ENTRIES}
 
 

@@ -144,8 +144,26 @@ def _passing_on(parameters):
     return lines + ["    return _fn()"]
 
 
-def build_entry_functions(entry, public_name):
-    """Generate ``entry.call`` and the patched wrapper for ``entry.fn``."""
+def _fast_call(fast, parameters):
+    """The wrapper's lines that try ``fast`` (dropin/fast.py) when ``name``
+    is its default: it takes every other parameter, in order; a ``fast``
+    written for another TensorFlow's signature is not tried."""
+    if fast is None:
+        return []
+    names = [p.name for p in parameters if p.name != "name"]
+    if [p.name for p in _parameters(fast)] != names:
+        return []
+    lines = [f"    _result = _fast({', '.join(names)})",
+             "    if _result is not NotImplemented:",
+             "        return _result"]
+    if len(names) == len(parameters):
+        return lines
+    return ["    if name is _default_name:"] + ["    " + line for line in lines]
+
+
+def build_entry_functions(entry, public_name, fast=None):
+    """Generate ``entry.call`` and the patched wrapper for ``entry.fn``
+    (which tries ``fast`` first when nothing records)."""
     parameters = _parameters(entry.fn)
     names = [p.name for p in parameters]
     entry.tensor_params = tuple(names[:1 if entry.list_input else entry.tensors])
@@ -179,7 +197,7 @@ def build_entry_functions(entry, public_name):
         f"            return _record(_entry, {inputs_expr}, {attrs_expr})\n"
         f"        except _NotLazy:\n"
         f"            pass\n"
-        + "\n".join(_passing_on(parameters)) + "\n"
+        + "\n".join(_fast_call(fast, parameters) + _passing_on(parameters)) + "\n"
         f"\n"
         f"def call(values, attrs):\n"
         f"    return _fn({call_args})\n"
@@ -194,7 +212,7 @@ def build_entry_functions(entry, public_name):
         f"                pass\n"
         f"    return NotImplemented\n")
     namespace = {"_context": context, "_record": record, "_entry": entry,
-                 "_NotLazy": NotLazy, "_fn": entry.fn,
+                 "_NotLazy": NotLazy, "_fn": entry.fn, "_fast": fast,
                  "_thaw": entry.thaw, "_user_site": user_site,
                  "_executing_eagerly": tf.executing_eagerly,
                  # TensorFlow's defaults: the signature's, and what
