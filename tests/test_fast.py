@@ -149,6 +149,23 @@ def test_embedding_lookup_gives_the_same_indexed_slices(seed, ids_kind):
                               lambda: tf.nn.embedding_lookup(table, ids), [table])
 
 
+@settings(max_examples=10, deadline=None)
+@given(seeds, st.sampled_from(["list", "int32", "int64"]), st.sampled_from(["float32", "float64"]))
+def test_sparse_cross_entropy(seed, labels_kind, dtype):
+    rng = np.random.default_rng(seed)
+    rows, classes = (int(size) for size in rng.integers(1, 5, size=2))
+    logits = _normal(rng, (rows, classes), getattr(tf, dtype))
+    labels = rng.integers(0, classes, size=rows).tolist()
+    if labels_kind != "list":
+        labels = tf.constant(labels, getattr(tf, labels_kind))
+    assert _taken("nn.sparse_softmax_cross_entropy_with_logits", labels, logits)
+    assert_same_as_tensorflow(
+        lambda: subgraphjit.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                        logits=logits),
+        lambda: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits),
+        [logits])
+
+
 def test_what_the_fast_paths_leave_to_tensorflow():
     """Calls outside the common case take TensorFlow's function, whatever
     they give (a result, or TensorFlow's own error)."""
@@ -171,6 +188,11 @@ def test_what_the_fast_paths_leave_to_tensorflow():
         ("nn.embedding_lookup", (tf.Variable(x), [0], 1.0)),
         ("nn.embedding_lookup", (x, [0], None)),
         ("nn.embedding_lookup", (tf.Variable(x), [-1], None)),
+        ("nn.sparse_softmax_cross_entropy_with_logits", ([0, 1, 0], x)),
+        ("nn.sparse_softmax_cross_entropy_with_logits", ([[0, 1]], x)),
+        ("nn.sparse_softmax_cross_entropy_with_logits", ([0], tf.ones((1, 2), tf.float16))),
+        ("nn.sparse_softmax_cross_entropy_with_logits", (tf.constant([0, 1]),
+                                                          tf.ones((2, 2, 2)))),
     ]
     for name, arguments in left:
         assert FAST[name](*arguments) is NotImplemented, (name, arguments)

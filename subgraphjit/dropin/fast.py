@@ -26,7 +26,8 @@ from ..batcher.eager_ops import int_vector
 
 try:   # the ops TensorFlow's functions call (no public API)
     from tensorflow.python.framework import ops as _ops
-    from tensorflow.python.ops import (gen_array_ops, gen_math_ops,
+    from tensorflow.python.framework import config as _config
+    from tensorflow.python.ops import (gen_array_ops, gen_math_ops, gen_nn_ops,
                                        gen_resource_variable_ops)
     from tensorflow.python.ops.resource_variable_ops import (ResourceVariable,
                                                              variable_accessed)
@@ -127,6 +128,30 @@ def _filled(value):
     return fill
 
 
+def _indices(values):
+    """A list of Python ints as the int32 tensor TensorFlow converts it to
+    (from the cache), an int eager tensor as it is, else None."""
+    if type(values) is list and values and all(type(index) is int and 0 <= index < 2 ** 31
+                                               for index in values):
+        return int_vector(tuple(values))
+    if type(values) is _EAGER and values.dtype in (tf.int32, tf.int64):
+        return values
+    return None
+
+
+def sparse_softmax_cross_entropy_with_logits(labels, logits):
+    """Logits of rank 2 (float32 or float64) and their rows' labels: the
+    fused op, as the function calls it for rank 2 (deterministic ops take
+    the function, which computes another way)."""
+    if type(logits) is not _EAGER or logits.dtype not in (tf.float32, tf.float64) \
+            or len(logits.shape) != 2 or not _plain() or _config.is_op_determinism_enabled():
+        return NotImplemented
+    labels = _indices(labels)
+    if labels is None or labels.shape != logits.shape[:1]:
+        return NotImplemented   # (the function says what is wrong)
+    return gen_nn_ops.sparse_softmax_cross_entropy_with_logits(logits, labels)[0]
+
+
 def embedding_lookup(params, ids, max_norm):
     """Rows of one floating resource variable: ResourceGather, and the
     Identity ``tf.nn.embedding_lookup`` puts after it; the tapes told the
@@ -135,10 +160,8 @@ def embedding_lookup(params, ids, max_norm):
     if max_norm is not None or type(params) is not ResourceVariable \
             or not params.dtype.is_floating or not _plain():
         return NotImplemented
-    if type(ids) is list and ids and all(type(index) is int and 0 <= index < 2 ** 31
-                                          for index in ids):
-        ids = int_vector(tuple(ids))
-    elif type(ids) is not _EAGER or ids.dtype not in (tf.int32, tf.int64):
+    ids = _indices(ids)
+    if ids is None:
         return NotImplemented
     variable_accessed(params)
     rows = gen_resource_variable_ops.resource_gather(params.handle, ids, dtype=params.dtype)
@@ -156,4 +179,5 @@ FAST = {} if _ops is None else {
     "zeros": _filled(0),
     "ones": _filled(1),
     "nn.embedding_lookup": embedding_lookup,
+    "nn.sparse_softmax_cross_entropy_with_logits": sparse_softmax_cross_entropy_with_logits,
 }
