@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import subgraphjit
 from subgraphjit.dropin.fast import FAST
+from subgraphjit.ir.table import ALL_ENTRIES
 from gradients import assert_gradient_equal
 
 seeds = st.integers(0, 2**31 - 1)
@@ -226,3 +227,17 @@ def test_a_recording_wrapper_records_rather_than_runs():
         node = subgraphjit.matmul(x, tf.ones((2, 2)))
         assert isinstance(node, subgraphjit.VirtualNode)
     np.testing.assert_allclose(np.asarray(node), [[2.0, 2.0]])
+
+
+@settings(max_examples=10, deadline=None)
+@given(seeds, st.booleans())
+def test_an_entrys_call_takes_the_fast_path_too(seed, transpose_b):
+    """What the executors run on stacked rows (``OpEntry.call``) tries
+    the fast path first, with the node's attributes."""
+    entry = next(entry for entry in ALL_ENTRIES if entry.name == "linalg.matmul")
+    assert entry.call.__globals__["_fast"] is FAST["linalg.matmul"]
+    rng = np.random.default_rng(seed)
+    a, b = _normal(rng, (3, 4)), tf.Variable(_normal(rng, (5, 4) if transpose_b else (4, 5)))
+    attrs = (False, transpose_b, False, False, False, False, None, False, False)
+    assert_same_as_tensorflow(lambda: entry.call([a, b], attrs),
+                              lambda: tf.matmul(a, b, transpose_b=transpose_b), [a, b])

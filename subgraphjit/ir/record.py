@@ -144,19 +144,21 @@ def _passing_on(parameters):
     return lines + ["    return _fn()"]
 
 
-def _fast_call(fast, parameters):
-    """The wrapper's lines that try ``fast`` (dropin/fast.py) when ``name``
-    is its default: it takes every other parameter, in order; a ``fast``
-    written for another TensorFlow's signature is not tried."""
+def _fast_call(fast, parameters, arguments=None, by_name=True):
+    """Lines that try ``fast`` (dropin/fast.py) first: it takes every
+    parameter but ``name``, in order (``arguments``: their expressions,
+    the parameters by default); a ``fast`` written for another
+    TensorFlow's signature is not tried.  ``by_name``: only when ``name``
+    is its default (the wrapper's user call; ``call`` passes none)."""
     if fast is None:
         return []
     names = [p.name for p in parameters if p.name != "name"]
     if [p.name for p in _parameters(fast)] != names:
         return []
-    lines = [f"    _result = _fast({', '.join(names)})",
+    lines = [f"    _result = _fast({', '.join(arguments or names)})",
              "    if _result is not NotImplemented:",
              "        return _result"]
-    if len(names) == len(parameters):
+    if not by_name or len(names) == len(parameters):
         return lines
     return ["    if name is _default_name:"] + ["    " + line for line in lines]
 
@@ -198,8 +200,12 @@ def build_entry_functions(entry, public_name, fast=None):
         f"        except _NotLazy:\n"
         f"            pass\n"
         + "\n".join(_fast_call(fast, parameters) + _passing_on(parameters)) + "\n"
-        f"\n"
-        f"def call(values, attrs):\n"
+        "\n"
+        "def call(values, attrs):\n"
+        + "".join(line + "\n" for line in _fast_call(
+            fast if entry.thaw is None else None, parameters,
+            [call_tensors.get(n) or call_attrs[n] for n in names if n != "name"],
+            by_name=False)) +
         f"    return _fn({call_args})\n"
         f"\n"
         f"def dispatch_target({signature}):\n"
