@@ -18,8 +18,10 @@ In each mode the first ``--warm-up`` minibatches (pattern collection,
 traces, compiled programs, and the defaults' granularity trial, one per
 mode) are timed apart; each mode passes over its timed minibatches again
 until 1.5 seconds have passed.  This is the table
-that says which settings are the fastest, and so the defaults; the closing
-summary gives the defaults' ratios per model and flags those below 1.0x.
+that says which settings are the fastest, and so the defaults.  The
+closing summary gives the defaults' ratios per model (and the plain
+loop's), measured again with eager TensorFlow and the defaults taking
+turns on the same minibatches, and flags those below 1.0x.
 
     python benchmarks/models.py                       # width 64, batch 25
     python benchmarks/models.py --width 16 --models tree_lstm mv_rnn
@@ -65,6 +67,8 @@ SETTINGS = [
 ]
 DEFAULTS = SETTINGS[-1]
 MIN_SECONDS = 1.5
+# Passes each system takes in turn for the summary's ratios (paired_ratio).
+PAIRED_ROUNDS = 3
 # ... and for the value-dependent models, the defaults without the map.
 PLAIN_LOOP = ("subgraphjit defaults, plain loop", "defaults", None)
 
@@ -129,7 +133,7 @@ def measure(module, model, optimizer, setting, arguments, warm_up_steps, trainin
             break
     cpu_seconds = time.process_time() - cpu_started
     instances = passes * arguments.minibatches * arguments.batch_size
-    return instances / seconds, instances / cpu_seconds, warm_up, subgraphjit.stats()
+    return instances / seconds, instances / cpu_seconds, warm_up, subgraphjit.stats(), passes
 
 
 def rate(name, setting, arguments):
@@ -169,7 +173,33 @@ def rate(name, setting, arguments):
     if granularity == "auto":
         chosen = subgraphjit.stats()["granularity_chosen"]
         chosen = "/".join(chosen.get(MODES[mode], "?") for mode in results)
-    return results, chosen
+    return results, chosen, model
+
+
+def paired_ratio(model, setting, arguments, training):
+    """Eager TensorFlow's seconds over subgraphjit's on the same new
+    minibatches, the two taking turns (PAIRED_ROUNDS passes each, the one
+    that goes first alternating; one untimed pass each before): the
+    model, warmed up under ``setting``, runs under both.  The table's
+    ratios divide rates measured minutes apart, and this VM's speed
+    drifts by tens of percent within minutes."""
+    plain_loop = setting is PLAIN_LOOP
+    data = np.random.default_rng(3 if training else 4)
+    minibatches = [model.random_examples(data, arguments.batch_size)
+                   for _ in range(arguments.minibatches)]
+    systems = [(module, module.keras.optimizers.SGD(0.01))
+               for module in (tensorflow, subgraphjit)]
+    seconds = [0.0, 0.0]
+    for round_number in range(PAIRED_ROUNDS + 1):
+        order = (0, 1) if round_number % 2 else (1, 0)
+        for number in order:
+            module, optimizer = systems[number]
+            started = time.perf_counter()
+            for minibatch in minibatches:
+                step(module, model, optimizer, minibatch, plain_loop, training)
+            if round_number:   # (the first round warms up)
+                seconds[number] += time.perf_counter() - started
+    return seconds[0] / seconds[1]
 
 
 def main():
@@ -208,7 +238,7 @@ def main():
         eager = None
         settings = SETTINGS + ([PLAIN_LOOP] if name in CONTROL_FLOW_MODELS else [])
         for setting in settings:
-            results, chosen = rate(name, setting, arguments)
+            results, chosen, model = rate(name, setting, arguments)
             eager = eager or results
             label = setting[0] + (f" ({chosen})" if chosen else "")
             columns = []
@@ -221,19 +251,22 @@ def main():
                                f"{cpu_speed / eager[mode][1]:>6.2f}")
             warm_ups = [f"{results[mode][2]:.1f}" if mode in results else "-"
                         for mode in MODES]
-            stats = results.get("train", (None,) * 4)[3]
+            stats, passes = results.get("train", (None,) * 5)[3:]
+            minibatches = None if stats is None else passes * arguments.minibatches
             launches, evaluations = ("-", "-") if stats is None or setting[1] is None else (
-                f"{stats['batches'] / (arguments.minibatches * arguments.batch_size):.1f}",
-                f"{stats['evaluations'] / arguments.minibatches:.1f}")
+                f"{stats['batches'] / (minibatches * arguments.batch_size):.1f}",
+                f"{stats['evaluations'] / minibatches:.1f}")
             print(f"{name:<{model_width}} {label:<44} {columns[0]} {columns[1]} "
                   f"{warm_ups[0]:>6} {warm_ups[1]:>6} {launches:>11} {evaluations:>8}",
                   flush=True)
-            if setting is DEFAULTS:
-                summary.append((name, {mode: results[mode][0] / eager[mode][0]
-                                       for mode in results}))
-    print("\nsubgraphjit defaults against eager TensorFlow (<1.0x: slower):")
+            if setting is DEFAULTS or setting is PLAIN_LOOP:
+                summary.append((name + (", plain loop" if setting is PLAIN_LOOP else ""), {
+                    mode: paired_ratio(model, setting, arguments, mode == "train")
+                    for mode in results}))
+    print("\nsubgraphjit defaults against eager TensorFlow, the two taking turns on "
+          f"the same minibatches ({PAIRED_ROUNDS} passes each; <1.0x: slower):")
     for name, ratios in summary:
-        print(f"  {name:<{model_width}} " + "  ".join(
+        print(f"  {name:<{model_width + 12}} " + "  ".join(
             f"{mode} {ratio:5.2f}x{' <1.0x' if ratio < 1.0 else '':<6}"
             for mode, ratio in ratios.items()).rstrip())
     for key, value in defaults.items():
