@@ -60,6 +60,9 @@ ROUND = "a tf.batching.map round"
 # Maps whose coordinator is running: evaluate() looks for the instance
 # that asks only while one is (the check on every evaluation is this int).
 running = 0
+# Outermost maps begun so far: a granularity trial times a map's rounds
+# together, as one turn of one unit (patterns/search.py).
+maps = 0
 
 # What a round calls: ``evaluate(targets, required, forced_by=)`` of
 # evaluate.py, which imports this module (every evaluation asks ``suspend``
@@ -231,7 +234,7 @@ def map(fn, items):  # noqa: A001 (tf.batching.map, as the user writes it)
 
     ``tf.stats()`` counts the rounds (``concurrent_rounds``) and the reads
     they served (``concurrent_reads``)."""
-    global running
+    global running, maps
     items = list(items)
     if not items:
         return []
@@ -242,6 +245,7 @@ def map(fn, items):  # noqa: A001 (tf.batching.map, as the user writes it)
     # the cyclic collector could free nothing; it resumes after the map.
     collector_was_on = gc.isenabled()
     gc.disable()
+    maps += not running
     running += 1
     try:
         return coordinator.run()

@@ -184,6 +184,7 @@ class Context:
         # one's list of recorded nodes (None outside every scope), read on the
         # recording hot path.
         self.scopes = []
+        self.scopes_opened = 0   # ever (a granularity trial's turn ends at one)
         self.pipeline_callback = None
         self.pending = None
         self.collector_was_on = True
@@ -254,6 +255,7 @@ class Context:
             gc.disable()
         self.pending = []
         self.scopes.append(self.pending)
+        self.scopes_opened += 1
 
     def close_scope(self):
         """Close the innermost scope; returns its nodes still to evaluate."""

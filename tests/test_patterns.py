@@ -12,7 +12,7 @@ import subgraphjit as tf
 from subgraphjit.patterns import search, signature as signatures
 from subgraphjit.ir.table import ENTRIES_BY_NAME
 from subgraphjit.evaluate import unevaluated_ancestors
-from experiments.example_models import MODELS
+from experiments.example_models import CONTROL_FLOW_MODELS, MODELS
 from gradients import assert_loss_and_gradients_equal
 from test_batching import minibatch_loss_and_gradients
 
@@ -357,6 +357,38 @@ def test_auto_granularity_times_both_units_and_keeps_the_faster(auto_trial, fast
     assert units[0] == "op" and "subgraph" in units
     assert units[-4:] == [faster] * 4
     assert stats["programs_compiled"] >= 2
+
+
+def test_a_maps_rounds_are_one_turn_of_the_granularity_trial(auto_trial, monkeypatch):
+    """Under ``auto``, the rounds of one ``tf.batching.map`` and the close
+    of its scope take the unit of its first round, which the trial chose
+    and times until the next scope: the trial is asked once per minibatch,
+    however many rounds its map has; each map equals eager TensorFlow."""
+    now = auto_trial
+    asked = []
+    choose = search.Trial.unit
+
+    def unit(self, nodes, compile_after, clock):
+        asked.append(self.mode)
+        return choose(self, nodes, compile_after, clock)
+    monkeypatch.setattr(search.Trial, "unit", unit)
+    rng = np.random.default_rng(5)
+    model = CONTROL_FLOW_MODELS["adaptive_computation"](rng)
+    per_map = []
+    for _ in range(8):
+        examples = model.random_examples(rng, 3)
+        before, rounds = len(asked), tf.stats()["concurrent_rounds"]
+        with tf.batching():
+            losses = tf.batching.map(lambda example: model.loss(tf, example), examples)
+        np.testing.assert_allclose([np.asarray(loss) for loss in losses],
+                                   [model.loss(tensorflow, example).numpy()
+                                    for example in examples], rtol=1e-5, atol=1e-6)
+        per_map.append((len(asked) - before, tf.stats()["concurrent_rounds"] - rounds))
+        now[0] += 1.0
+    # (The first map collects the patterns in its first round.)
+    assert all(rounds > 1 for _, rounds in per_map)
+    assert all(asked_in_minibatch == 1 for asked_in_minibatch, _ in per_map[1:]), per_map
+    assert set(asked) == {"inference"}
 
 
 def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
