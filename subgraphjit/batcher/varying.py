@@ -72,6 +72,27 @@ _ROW_WISE_LOSSES = ("nn.sparse_softmax_cross_entropy_with_logits",
                     "nn.softmax_cross_entropy_with_logits")
 
 
+# What a batching type's own content decides, kept across evaluations (a
+# minibatch of sentences has hundreds of types, each looked at in every
+# evaluation; Specs are interned, so types hash cheaply): per type, its
+# keys (``_length_free_key``, ``_shape_free_key``) and padded kind; per
+# type and the shapes and dtypes of its shared tensors, its kind
+# (``_kind`` reads them: an id in a type may be another tensor's in
+# another minibatch).
+# Cleared when full.
+_BY_TYPE = {}
+_MOST_CACHED = 16384
+
+
+def _cached(key, compute):
+    found = _BY_TYPE.get(key)
+    if found is None:
+        if len(_BY_TYPE) >= _MOST_CACHED:
+            _BY_TYPE.clear()
+        found = _BY_TYPE[key] = (compute(),)
+    return found[0]
+
+
 def merge_types(graph):
     """Join the graph's types that differ only in the first axis of their
     per-instance operands and whose op batches over it (module docstring).
@@ -93,7 +114,8 @@ def merge_types(graph):
         return
     groups = {}
     for node_type in candidates:
-        key = _length_free_key(batching_types[node_type])
+        batching_type = batching_types[node_type]
+        key = _cached(("lengths", batching_type), lambda: _length_free_key(batching_type))
         if key is not None:
             groups.setdefault(key, []).append(node_type)
     groups = [types for types in groups.values() if len(types) > 1]
@@ -113,8 +135,13 @@ def merge_types(graph):
         joined = []
         for node_type in types:
             example = example_of(node_type)
-            kind = _kind(graph.nodes[example], graph.operands[example],
-                         graph.shared_operand[node_type], batching_types[node_type])
+            operands, shared = graph.operands[example], graph.shared_operand[node_type]
+            kind = _cached(
+                ("kind", batching_types[node_type], *(
+                    _shared_key(operand) if is_shared else None
+                    for operand, is_shared in zip(operands, shared))),
+                lambda: _kind(graph.nodes[example], operands, shared,
+                              batching_types[node_type]))
             if kind is not None:
                 joined.append((node_type, kind))
         if len(joined) < 2:
@@ -127,7 +154,8 @@ def merge_types(graph):
     groups = {}
     for node_type in candidates:
         if node_type not in merged_into:
-            key = _shape_free_key(batching_types[node_type])
+            batching_type = batching_types[node_type]
+            key = _cached(("shapes", batching_type), lambda: _shape_free_key(batching_type))
             if key is not None:
                 groups.setdefault(key, []).append(node_type)
     for types in groups.values():
@@ -135,10 +163,11 @@ def merge_types(graph):
             continue
         examples = {node_type: graph.nodes[example_of(node_type)]
                     for node_type in types}
-        padded = {node_type: _padded_kind(examples[node_type],
-                                          graph.shared_operand[node_type],
-                                          batching_types[node_type])
-                  for node_type in types}
+        padded = {node_type: _cached(
+            ("padded", batching_types[node_type]),
+            lambda: _padded_kind(examples[node_type], graph.shared_operand[node_type],
+                                 batching_types[node_type]))
+            for node_type in types}
         joined = [node_type for node_type in types if padded[node_type] is not None]
         if len({examples[node_type].spec.shape[0] for node_type in joined}) < 2:
             # Lengths differ, not only later axes: [1, 4] and [1, 12] gates
@@ -163,6 +192,12 @@ def merge_types(graph):
     graph.types, graph.shared_operand = kept_types, kept_shared
     graph.varying = {number_of[t]: kind for t, kind in kinds.items()}
     graph._type_names = None
+
+
+def _shared_key(value):
+    """A shared value's shape and dtype, hashable (None for a number)."""
+    shape = getattr(value, "shape", None)
+    return None if shape is None else (tuple(shape), getattr(value, "dtype", None))
 
 
 def _length_free_key(batching_type):
