@@ -179,6 +179,8 @@ def test_what_the_fast_paths_leave_to_tensorflow():
                            False, None, False, False)),
         ("linalg.matmul", ([[1.0]], [[2.0]], False, False, False, False, False, False, None,
                            False, False)),
+        ("linalg.matmul", (x, tf.Variable(x, shape=tf.TensorShape(None)), False, False, False,
+                           False, False, False, None, False, False)),
         ("math.reduce_sum", (ints, None, False)),
         ("math.reduce_sum", (tf.constant(3.0), None, False)),
         ("math.add_n", ([x],)),

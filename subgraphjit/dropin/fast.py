@@ -60,7 +60,7 @@ def matmul(a, b, transpose_a, transpose_b, adjoint_a, adjoint_b, a_is_sparse,
             or grad_a or grad_b or type(transpose_a) is not bool
             or type(transpose_b) is not bool
             or not (_tensor_or_variable(a) and _tensor_or_variable(b))
-            or a.dtype != b.dtype or len(a.shape) != 2 or len(b.shape) != 2
+            or a.dtype != b.dtype or a.shape.rank != 2 or b.shape.rank != 2
             or not _plain()):
         return NotImplemented
     return gen_math_ops.mat_mul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
