@@ -195,9 +195,13 @@ def merge_types(graph):
 
 
 def _shared_key(value):
-    """A shared value's shape and dtype, hashable (None for a number)."""
+    """A shared value's shape and dtype, hashable (None for a number; a
+    variable made with ``shape=None`` has no tuple of sizes)."""
     shape = getattr(value, "shape", None)
-    return None if shape is None else (tuple(shape), getattr(value, "dtype", None))
+    if shape is None:
+        return None
+    sizes = "unknown rank" if getattr(shape, "rank", 0) is None else tuple(shape)
+    return sizes, getattr(value, "dtype", None)
 
 
 def _length_free_key(batching_type):
