@@ -16,8 +16,7 @@ it in the statistics.
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config
-from tensorflow.python.ops import gen_math_ops, gen_nn_ops
+from tensorflow.python.ops import gen_math_ops
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
 from ..ir.table import FrozenSlice
@@ -338,22 +337,18 @@ def no_shared_rule(entry, attrs, values, shared, ranks, output_spec, count):
 
 def sparse_cross_entropy_rule(entry, attrs, values, shared, ranks, output_spec, count):
     """``tf.nn.sparse_softmax_cross_entropy_with_logits`` of the stacked
-    instances as the function computes logits of rank 2: its fused op on
-    the logits' rows, the losses reshaped to the labels' shape.  Without
-    the function's Python around it (its checks hold: every instance
-    passed them when recorded), a minibatch's loss took 0.2 ms, not 1.2.
-    Float16 logits (computed in float32) and deterministic ops (another
-    kernel) take the function."""
+    instances as the function computes logits of any rank: on the logits'
+    rows, the losses reshaped to the labels' shape.  Eagerly, the entry's
+    call of rank-2 logits takes the fused op without the function's Python
+    (dropin/fast.py: its checks hold, every instance passed them when
+    recorded): a minibatch's loss took 0.2 ms, not 1.2."""
     if any(shared):
         raise NoRule(f"{entry.name} with a shared operand")
-    labels, logits = values
-    if (not tf.executing_eagerly() or tf_config.is_op_determinism_enabled()
-            or logits.dtype not in (tf.float32, tf.float64)):
+    if not tf.executing_eagerly():   # (in a trace: rows of unknown count)
         return entry.call(values, attrs)
-    labels = tf.convert_to_tensor(labels)
-    classes = logits.shape[-1]
-    losses, _ = gen_nn_ops.sparse_softmax_cross_entropy_with_logits(
-        features=reshape(logits, (-1, classes)), labels=reshape(labels, (-1,)))
+    labels, logits = tf.convert_to_tensor(values[0]), values[1]
+    losses = entry.call([reshape(labels, (-1,)), reshape(logits, (-1, logits.shape[-1]))],
+                        attrs)
     return reshape(losses, tuple(labels.shape))
 
 

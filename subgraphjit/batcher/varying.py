@@ -75,10 +75,9 @@ _ROW_WISE_LOSSES = ("nn.sparse_softmax_cross_entropy_with_logits",
 # What a batching type's own content decides, kept across evaluations (a
 # minibatch of sentences has hundreds of types, each looked at in every
 # evaluation; Specs are interned, so types hash cheaply): per type, its
-# keys (``_length_free_key``, ``_shape_free_key``) and padded kind; per
-# type and the shapes and dtypes of its shared tensors, its kind
-# (``_kind`` reads them: an id in a type may be another tensor's in
-# another minibatch).
+# keys (``_length_free_key``, ``_shape_free_key``); per type and the
+# shapes and dtypes of its shared tensors (``_type_key``: an id in a type
+# may be another tensor's in another minibatch), its kind and padded kind.
 # Cleared when full.
 _BY_TYPE = {}
 _MOST_CACHED = 16384
@@ -137,9 +136,7 @@ def merge_types(graph):
             example = example_of(node_type)
             operands, shared = graph.operands[example], graph.shared_operand[node_type]
             kind = _cached(
-                ("kind", batching_types[node_type], *(
-                    _shared_key(operand) if is_shared else None
-                    for operand, is_shared in zip(operands, shared))),
+                ("kind", *_type_key(graph, node_type, example)),
                 lambda: _kind(graph.nodes[example], operands, shared,
                               batching_types[node_type]))
             if kind is not None:
@@ -164,7 +161,7 @@ def merge_types(graph):
         examples = {node_type: graph.nodes[example_of(node_type)]
                     for node_type in types}
         padded = {node_type: _cached(
-            ("padded", batching_types[node_type]),
+            ("padded", *_type_key(graph, node_type, example_of(node_type))),
             lambda: _padded_kind(examples[node_type], graph.shared_operand[node_type],
                                  batching_types[node_type]))
             for node_type in types}
@@ -192,6 +189,16 @@ def merge_types(graph):
     graph.types, graph.shared_operand = kept_types, kept_shared
     graph.varying = {number_of[t]: kind for t, kind in kinds.items()}
     graph._type_names = None
+
+
+def _type_key(graph, node_type, example):
+    """A type and its shared tensors' shapes and dtypes, as a key (node
+    ``example`` is of the type): its output spec, which the kinds read,
+    follows from them."""
+    return (graph.types[node_type], *(
+        _shared_key(operand) if is_shared else None
+        for operand, is_shared in zip(graph.operands[example],
+                                      graph.shared_operand[node_type])))
 
 
 def _shared_key(value):
