@@ -66,7 +66,7 @@ PARAMETERS = {
     "collect": Parameter(
         3, int, _positive_int,
         "P_Collect: minibatches used to collect pattern statistics (thesis 4.7; "
-        "fewer once they hold 50,000 recorded nodes)"),
+        "fewer, or part of one, once 50,000 recorded nodes are walked)"),
     "equivalence": Parameter(
         "signature", str, _one_of("shape", "structure", "signature"),
         "when two subgraphs are the same pattern (thesis 4.2): equal ops and "

@@ -2,6 +2,7 @@
 eager TensorFlow's losses and gradients, never merge different subgraphs and
 never compute a node twice."""
 
+import itertools
 import linecache
 
 import numpy as np
@@ -244,6 +245,49 @@ def test_collection_ends_early_once_it_has_seen_enough_nodes(parameters, monkeyp
     assert tf.stats()["pattern_matches"] > 0
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_collection_walks_part_of_a_large_minibatch(parameters, monkeypatch, training):
+    """Past ``search.COLLECT_NODES`` nodes walked, collection stops within
+    the minibatch, between two instances' subgraphs, and counts as inputs
+    only the roots it walked (in training, the minibatch is one input, as
+    its loss is one root).  The counts are those of a walk of the same
+    instances alone, and the patterns found give eager's results."""
+    parameters(granularity="subgraph", collect=3, freq=1)
+    rng = np.random.default_rng(2)
+    model = MODELS["tree_lstm"](rng)
+    examples = model.random_examples(rng, 12)
+
+    def collect(examples, budget):
+        tf.reset_patterns()
+        monkeypatch.setattr(search, "COLLECT_NODES", budget)
+        if training:
+            with tf.GradientTape():
+                tf.build(tf.add_n([model.loss(tf, example) for example in examples]))
+        else:
+            with tf.batching():   # (a scope evaluates what is still referenced)
+                losses = [model.loss(tf, example) for example in examples]
+            del losses
+        return search.SEARCH
+
+    whole = collect(examples, 10 ** 9)
+    assert whole.inputs == (1 if training else 12) and tf.patterns() == []
+    total = whole.nodes
+    part = collect(examples, total // 3)
+    assert tf.patterns()   # collection ended: enough nodes
+    assert total // 3 <= part.nodes < total
+    if training:
+        assert part.inputs == 1
+    else:
+        assert 1 <= part.inputs < 12
+        # The same counts as a walk of the instances it walked, alone.
+        counts, inputs = part.counts.copy(), part.inputs
+        alone = collect(examples[:inputs], 10 ** 9)
+        assert alone.counts == counts
+        collect(examples, total // 3)
+    assert_matches_eager(model, model.random_examples(rng, 4))
+    assert tf.stats()["pattern_matches"] > 0
+
+
 @pytest.mark.parametrize("level", signatures.LEVELS)
 def test_matching_agrees_with_signatures(level):
     """``Signer.match`` (fast, top-down) finds a template exactly where the
@@ -391,22 +435,29 @@ def test_a_maps_rounds_are_one_turn_of_the_granularity_trial(auto_trial, monkeyp
     assert set(asked) == {"inference"}
 
 
+@pytest.mark.parametrize("one_off", [False, True])
 def test_auto_granularity_settles_a_unit_whose_program_is_refused(parameters,
-                                                                  monkeypatch):
+                                                                  monkeypatch, one_off):
     """A unit whose programs cannot compile (here: every program has too
-    many kinds) has settled at its second evaluation, not after
-    2 x compile + 1: the choice is made as the evaluation after 1 (collect)
-    + 2 + 2 + the timed ones starts."""
+    many kinds) has settled after its first evaluation, not after
+    2 x compile + 1; and that evaluation, which ran step by step as the
+    unit's turns will, is the unit's first timed turn, unless it did
+    one-off work.  The choice is made as the evaluation after 1 (collect)
+    + 1 + 1 + the timed turns left starts."""
     from subgraphjit.batcher import program
     parameters(granularity="auto", collect=1, compile=4)
     monkeypatch.setattr(program, "MAX_KINDS", 0)
     monkeypatch.setattr(search.Trial, "SEPARATED", float("inf"))   # every turn
     monkeypatch.setattr(search.Trial, "FAR", float("inf"))
     monkeypatch.setattr(search.Trial, "RETIMES", 0)   # (new shapes trace patterns)
+    work = itertools.count()
+    monkeypatch.setattr(search, "one_off_work", lambda: next(work) if one_off else 0)
     tf.reset_stats()
     rng = np.random.default_rng(23)
     model = MODELS["tree_lstm"](rng)
-    evaluations = 1 + 2 * len(search.Trial.UNITS) + len(search.Trial.TIMED) + 1
+    turns_taken = 0 if one_off else len(search.Trial.UNITS)
+    evaluations = (1 + len(search.Trial.UNITS) + len(search.Trial.TIMED)
+                   - turns_taken + 1)
     for _ in range(evaluations - 1):
         assert_matches_eager(model, model.random_examples(rng, 3))
     assert "training" not in tf.stats()["granularity_chosen"]
@@ -425,8 +476,9 @@ def timed_units(now, seed, per_node):
     while "training" not in tf.stats()["granularity_chosen"]:
         assert len(timed) < 40
         assert_matches_eager(model, model.random_examples(rng, 3))
-        timing = search.SEARCH.trials["training"].timing   # (unit, start, nodes, work)
-        if timing is not None:
+        # (unit, start, nodes, work, settling)
+        timing = search.SEARCH.trials["training"].timing
+        if timing is not None and not timing[4]:
             timed.append(timing[0])
             now[0] += timing[2] * per_node(timing[0], timed)
     return timed

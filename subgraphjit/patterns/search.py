@@ -1,8 +1,9 @@
 """Frequent-subgraph search and replacement (thesis sections 4.5-4.7, 5.5).
 
-Stage 1, collection: over the first ``collect`` evaluations (fewer if
-they hold ``COLLECT_NODES`` nodes), a queue search
-from each root encodes the subgraph under every node it pops (to ``depth``),
+Stage 1, collection: over the first ``collect`` evaluations, or until it
+has walked ``COLLECT_NODES`` nodes (part of one large evaluation), a queue
+search from each root in turn encodes the subgraph under every node it
+pops (to ``depth``),
 counts the signature, and goes on from that subgraph's inputs.  Afterwards
 the signatures seen at least ``freq`` times per input become patterns, each
 compiled once (``codegen.py``).
@@ -45,10 +46,11 @@ from ..ir.table import ACCESS, ENTRIES_BY_NAME
 from .codegen import FusedPattern, Pattern
 from .signature import Signer, Template, has_value_operand
 
-# Collection also ends once it has seen this many nodes, however few
-# evaluations that took: a 256-tree minibatch of the Tree-LSTM holds
-# 170,000 (three of 25 trees: 52,000), and every collected evaluation costs
-# about 6 us a node in Python and runs op by op.
+# Collection also ends once it has walked this many nodes, however few
+# evaluations that took, within an evaluation too: a 256-tree minibatch of
+# the Tree-LSTM holds 170,000 (three of 25 trees: 52,000), and collection
+# costs 10-20 us a node walked in Python (a collected evaluation also runs
+# op by op).
 COLLECT_NODES = 50_000
 
 
@@ -129,40 +131,59 @@ class PatternSearch:
         signer = Signer(level, for_patterns=True, required=required)
         if context.patterns is None:  # stage 1
             nodes = _native.unevaluated_ancestors(targets)
-            self._collect(roots, signer, depth)
+            self._collect(roots, signer, depth, COLLECT_NODES - self.nodes)
             self.minibatches += 1
-            self.inputs += len(roots)
-            self.nodes += len(nodes)
             if self.minibatches >= settings[3] or self.nodes >= COLLECT_NODES:
                 self._select(settings[2])
             return nodes
         return self._replace_in_place(roots, signer, depth)
 
     # -- stage 1 -----------------------------------------------------------------
-    def _collect(self, roots, signer, depth):
-        queue = collections.deque(roots)
+    def _collect(self, roots, signer, depth, budget):
+        """Count the signatures under ``roots``, one root's subgraph after
+        another, until ``budget`` nodes are walked: the rest of a large
+        minibatch adds nothing a sample of its instances does not show
+        (walking all of a 256-tree minibatch of the Tree-LSTM, 85,000
+        nodes, took 1.2-1.7 s of its 10-12 s warm-up).  Only the roots
+        walked count as inputs."""
         reached = {node.id: node for node in roots}
-        # The one root of a training evaluation (its loss) is not counted:
-        # its subgraph, the sum of the minibatch's losses, occurs once per
-        # evaluation, has nothing to batch with, and changes with the
-        # minibatch's size (a 256-operand sum traced in 2 s, and again for
-        # the epoch's last, smaller minibatch).
-        alone = roots[0] if len(roots) == 1 and context.tapes else None
-        while queue:
-            node = queue.popleft()
-            if node.entry.node_kind == "access" or has_value_operand(node):
-                _enqueue(node.inputs, reached, queue)
-                continue
-            found = signer.walk(node, depth)
-            if node is alone:
+        roots = collections.deque(roots)
+        if len(roots) == 1 and context.tapes:
+            # The one root of a training evaluation (its loss) is not
+            # counted: its subgraph, the sum of the minibatch's losses,
+            # occurs once per evaluation, has nothing to batch with, and
+            # changes with the minibatch's size (a 256-operand sum traced
+            # in 2 s, and again for the epoch's last, smaller minibatch).
+            # The instances under it are walked in turn; the evaluation is
+            # one input, as before.
+            alone = roots[0]
+            self.inputs += 1
+            if alone.entry.node_kind != "access" and not has_value_operand(alone):
+                roots.clear()
+                _enqueue(signer.walk(alone, depth).inputs, reached, roots)
+            inputs = None
+        else:
+            inputs = 0
+        walked = 0
+        while roots and walked < budget:
+            queue = collections.deque([roots.popleft()])
+            if inputs is not None:
+                inputs += 1
+            while queue:
+                node = queue.popleft()
+                if node.entry.node_kind == "access" or has_value_operand(node):
+                    _enqueue(node.inputs, reached, queue)
+                    continue
+                found = signer.walk(node, depth)
+                signature = found.signature
+                self.counts[signature] += 1
+                if signature not in self.examples:
+                    self.examples[signature] = found.inputs
+                    self.op_counts[signature] = len(found.nodes)
+                walked += len(found.nodes)
                 _enqueue(found.inputs, reached, queue)
-                continue
-            signature = found.signature
-            self.counts[signature] += 1
-            if signature not in self.examples:
-                self.examples[signature] = found.inputs
-                self.op_counts[signature] = len(found.nodes)
-            _enqueue(found.inputs, reached, queue)
+        self.inputs += inputs or 0
+        self.nodes += walked
 
     def _select(self, freq):
         """Keep the signatures seen ``freq`` times per input or more."""
@@ -255,9 +276,10 @@ class Trial:
     (patterns win big on trees and lose on models whose subgraphs hold a
     sequence's length: BENCHMARKS.md).  Once patterns are collected, each
     unit runs until it has settled -- a compiled program ran since its
-    last evaluation (in either mode), or from its second evaluation on, its
-    program was refused (too many kinds: it will run step by step; with
-    minibatches of 256 waiting out the count below cost seconds), or 2 x ``compile`` + 1
+    last evaluation (in either mode), or its program was refused (too many
+    kinds: it will run step by step; with minibatches of 256 each
+    evaluation waiting out the count below, or a second one, cost a
+    second), or 2 x ``compile`` + 1
     evaluations passed (keys that vary with a rare kind take longer to
     recur); while it settles, its programs compile at first sight
     (``PatternSearch.trial_settling``: evaluations run step by step until
@@ -301,17 +323,25 @@ class Trial:
         self.timed = 0         # into TIMED
         self.runs = 0          # compiled program runs before this evaluation
         self.refused = 0       # ... and programs refused compilation
-        self.timing = None     # (unit, started, nodes, one-off work) of a timed evaluation
+        # (unit, started, nodes, one-off work, settling) of the evaluation
+        # being timed: a timed turn's, or a settling unit's
+        self.timing = None
         self.retimed = 0       # timed evaluations discarded for one-off work
         self.per_node = {unit: [] for unit in self.UNITS}   # seconds, per evaluation
+        self.settled_time = None   # the last settling evaluation's, if it did no one-off work
+        self.banked = {unit: 0 for unit in self.UNITS}   # timed turns a settling evaluation took
         context.granularity_chosen.pop(mode, None)
         context.granularity_trial.pop(mode, None)
 
     def stop(self, now):
         """End the timed evaluation, if any: another one starts ``now``."""
         if self.timing is not None:
-            unit, started, count, work = self.timing
+            unit, started, count, work, settling = self.timing
             self.timing = None
+            if settling:
+                self.settled_time = ((now - started) / max(count, 1)
+                                     if work == one_off_work() else None)
+                return
             if work != one_off_work() and self.retimed < self.RETIMES:
                 self.retimed += 1
                 self.timed -= 1   # (this unit's turn again)
@@ -321,8 +351,8 @@ class Trial:
     def count(self, nodes):
         """``nodes`` more for the timed evaluation (a later round of its map)."""
         if self.timing is not None:
-            unit, started, count, work = self.timing
-            self.timing = (unit, started, count + nodes, work)
+            unit, started, count, work, settling = self.timing
+            self.timing = (unit, started, count + nodes, work, settling)
 
     def unit(self, nodes, compile_after, now):
         """The unit for an evaluation of ``nodes`` nodes starting ``now``."""
@@ -336,14 +366,26 @@ class Trial:
         refused = self.refused
         self.refused = sum(context.batching["programs_not_compiled"].values())
         if self.settling < len(self.UNITS):
+            refused_now = self.evaluations > 0 and self.refused > refused
+            if refused_now and self.settled_time is not None:
+                # Its program refused, the evaluation ran step by step, as
+                # this unit's timed turns will: it is the unit's first
+                # turn (a second at batch 256, where op evaluations take
+                # a second each).
+                self.per_node[self.UNITS[self.settling]].append(self.settled_time)
+                self.banked[self.UNITS[self.settling]] += 1
             if self.evaluations > 2 * compile_after or (
-                    self.evaluations > 0 and self.runs > runs) or (
-                    self.evaluations > 1 and self.refused > refused):
+                    self.evaluations > 0 and self.runs > runs) or refused_now:
                 self.settling += 1
                 self.evaluations = 0
         if self.settling < len(self.UNITS):
             self.evaluations += 1
+            self.timing = (self.UNITS[self.settling], now, nodes, one_off_work(), True)
             return self.UNITS[self.settling]
+        # (Turns a settling evaluation took are skipped.)
+        while self.timed < len(self.TIMED) and self.banked[self.TIMED[self.timed]]:
+            self.banked[self.TIMED[self.timed]] -= 1
+            self.timed += 1
         if self.timed == len(self.TIMED) or self._separated():
             trial = context.granularity_trial[self.mode] = {
                 unit: statistics.median(self.per_node[unit]) for unit in self.UNITS}
@@ -351,7 +393,7 @@ class Trial:
             return chosen
         unit = self.TIMED[self.timed]
         self.timed += 1
-        self.timing = (unit, now, nodes, one_off_work())
+        self.timing = (unit, now, nodes, one_off_work(), False)
         return unit
 
     def _separated(self):
