@@ -228,6 +228,35 @@ def test_a_program_with_two_kinds_of_one_key_adopts_no_other(compiled):
     assert tf.stats()["program_cache_hits"] == 0
 
 
+def test_a_keys_superset_is_sought_again_once_a_program_compiles(monkeypatch):
+    """``Programs`` remembers which compiled program runs a key not
+    compiled itself (its superset), until the compiled programs change: a
+    key seen before the superset compiled is run by it when seen after."""
+    from types import SimpleNamespace
+
+    def fake_program(name, kind_keys):
+        fake = SimpleNamespace(key=(name,), kind_keys=kind_keys, buffers=[("float32", ())],
+                               relatives=(name,), adopted=None)
+        fake.adopt = lambda other: setattr(fake, "adopted", other)
+        return fake
+
+    def fake_compiled(fake):
+        return SimpleNamespace(kinds=list(fake.kind_keys), kind_set=set(fake.kind_keys),
+                               buffer_set=set(fake.buffers), modes={True: True})
+
+    monkeypatch.setattr(program, "_Compiled", fake_compiled)
+    statistics = {"program_cache_hits": 0, "programs_compiled": 0, "compile_seconds": 0.0,
+                  "programs_not_compiled": collections.Counter()}
+    programs = program.Programs()
+    small, large = fake_program("small", ("a",)), fake_program("large", ("a", "b"))
+    assert programs.compiled_for(small, 4, statistics) is None   # seen once: step by step
+    compiled = programs.compiled_for(large, 1, statistics)       # compiles
+    assert compiled is not None and statistics["programs_compiled"] == 1
+    assert programs.compiled_for(small, 4, statistics) is compiled
+    assert small.adopted is compiled
+    assert programs.compiled_for(small, 4, statistics) is compiled   # (remembered)
+
+
 def planned(graph):
     return plans.plan(graph, SCHEDULERS["agenda"]().schedule(graph))
 
