@@ -238,7 +238,7 @@ def main():
           f"{floor_train:.0f} sentences/s training, {floor_infer:.0f} inference")
 
     for batch_size in arguments.batch_sizes:
-        rows, eager = [], None
+        rows, eager, trials = [], None, None
         for name, system in systems.items():
             subset = trees[:arguments.eager_trees] if name in per_instance else trees
             minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
@@ -251,6 +251,7 @@ def main():
                     train(), infer()
                 chosen = subgraphjit.stats()["granularity_chosen"]
                 name = f"{name} ({chosen['training']}, {chosen['inference']})"
+                trials = subgraphjit.stats()["granularity_trial"]
             warm_up = time.perf_counter() - started
             programs = subgraphjit.stats()["programs_compiled"]
             speeds = (median_rate(train, len(subset), arguments.passes),
@@ -275,6 +276,11 @@ def main():
                   + (f" {warm_up:>9.1f} {programs:>8}" if warm_up is not None else ""))
         print(f"{'compute floor':<40} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
               f"{floor_infer:>12.0f} {floor_infer / eager[1]:>8.1f}")
+        if trials:   # what the defaults' granularity trials measured
+            print("granularity trials, median us per node: " + "; ".join(
+                f"{mode} " + ", ".join(f"{unit} {seconds * 1e6:.2f}"
+                                       for unit, seconds in trial.items())
+                for mode, trial in trials.items()))
     print("\nfront end: training sentences/s if only subgraphjit's recording, "
           "pattern search and batching analysis cost time (no TensorFlow op "
           "timed): no execution, however fast, can train faster.  warm-up: "
