@@ -615,38 +615,6 @@ def test_weight_gradients_summed_after_the_loop_give_eager_gradients(compiled):
     assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, np.float32)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_activations_kept_by_the_forward_give_eager_gradients(compiled, dtype):
-    """The backward takes the gradients of sigmoid, tanh, relu and exp from
-    the results the forward kept (``rules.ACTIVATION_GRADIENTS``) and runs
-    none of them again: activations of one value also read by a product,
-    of a pattern argument's rows, and of another activation give eager's
-    values and gradients."""
-    rng = np.random.default_rng(31)
-    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(dtype))
-    bias = tensorflow.Variable(rng.normal(size=(1, 3)).astype(dtype))
-
-    def loss(module, rows):
-        terms = []
-        for row in rows:
-            gates = module.matmul(row, weight) + bias
-            first = module.sigmoid(gates)
-            second = module.tanh(gates) * gates
-            third = module.nn.relu(row - 0.5)
-            fourth = module.exp(module.tanh(first) * 0.5)
-            terms.append(module.reduce_sum(first * second + third * fourth + fourth))
-        return module.add_n(terms)
-
-    assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, dtype)
-    backwards = [compiled.backward.graph.as_graph_def() for compiled in _compiled_programs()
-                 if compiled.modes.get(True) is True]
-    assert backwards
-    for graph in backwards:
-        ops = {node.op for function in graph.library.function for node in function.node_def}
-        assert not ops & {"Sigmoid", "Tanh", "Relu", "Exp"}, ops
-        assert {"SigmoidGrad", "TanhGrad", "ReluGrad"} <= ops
-
-
 def _assert_as_eager(function, instances, variables):
     """``function(module, instances)`` (a value, or a list of them) and its
     gradients for ``variables``: subgraphjit's are eager TensorFlow's."""

@@ -16,11 +16,7 @@ written once, so the final buffers hold every step's operands), takes the
 step's local gradient with a GradientTape inside the trace, and adds the
 operands' gradients into adjoint buffers.  The recomputation skips the
 steps' matrix products, the bulk of the work: the forward keeps each product
-in a list, and the backward replays it (``rules.hooks``).  So it does
-activations whose gradient reads only their result (sigmoid, tanh, relu,
-exp): neither they nor the ops before them run again, unless something
-else reads those ops' values (a 10% shorter Tree-LSTM backward at batch
-25, for 0.3 ms more forward).  Gradients of
+in a list, and the backward replays it (``rules.hooks``).  Gradients of
 shared operands are summed over the steps, except rows of a variable looked up (``tf.gather``,
 embedding lookups), which are kept as entries, so the variable's gradient is
 the IndexedSlices eager TensorFlow gives, with an entry per lookup.
@@ -86,10 +82,9 @@ RELATIVES = 4
 # ops of a BiLSTM: 122 kinds for 214 steps) ran slower than its eager
 # launch (benchmarks/models.py).
 MAX_KINDS = 16
-# Products, lookups and activations (``rules.hooks``) a step keeps for the
-# backward, at most: the forward's list of them holds this many places per
-# step (an inner Tree-LSTM step keeps a product and seven activations).
-KEPT_PRODUCTS = 16
+# Products (``rules.hooks``) a step keeps for the backward, at most: the
+# forward's list of them holds this many places per step.
+KEPT_PRODUCTS = 8
 
 
 class _Entry:
@@ -357,7 +352,6 @@ class _Compiled:
             key=lambda dtype: dtype.name)
         self.kept = {}
         self.kept_lookups = {}   # (kind number, j) -> (list number, static shape)
-        self.kept_activations = {}   # (kind number, j) -> (list number, static shape)
         # Per mode (training: bool), its functions traced (True) or why
         # they could not be: ``trace``.
         self.modes = {}
@@ -485,16 +479,7 @@ class _Compiled:
                 input_handle=lists[place], index=s * KEPT_PRODUCTS + j, item=rows)
             self.kept_lookups[kind_number, j] = (place, rows.shape)
             return rows
-
-        def activation(name, x, compute):
-            y, j = compute(), next(number)
-            if y.dtype in self.product_dtypes and j < KEPT_PRODUCTS:
-                place = self.product_dtypes.index(y.dtype)
-                lists[place] = tf.raw_ops.TensorListSetItem(
-                    input_handle=lists[place], index=s * KEPT_PRODUCTS + j, item=y)
-                self.kept_activations[kind_number, j] = (place, y.shape)
-            return y
-        return {"products": keep, "lookups": look_up, "activations": activation}
+        return {"products": keep, "lookups": look_up}
 
     def _replay(self, kind_number, s, trace, local_shared, deferred, tape, looked):
         """The backward's products and lookups hooks (``rules.hooks``) for
@@ -561,24 +546,7 @@ class _Compiled:
             tape.watch(rows)
             looked.append((table_number, rows, indices))
             return rows
-
-        def activation(name, x, compute):
-            # The forward's result, with its gradient from the result alone:
-            # neither the op nor the ops that computed ``x`` run again
-            # (nothing reads their values; the trace's pruning drops them).
-            j = next(number)
-            kept = self.kept_activations.get((kind_number, j))
-            if kept is None:
-                return compute()
-            place, shape = kept
-            y = tf.raw_ops.TensorListGetItem(
-                input_handle=trace.lists[place], index=s * KEPT_PRODUCTS + j,
-                element_shape=-1, element_dtype=self.product_dtypes[place])
-            y.set_shape(shape)
-            gradient_of = rules.ACTIVATION_GRADIENTS[name]
-            _tape.record_operation(name, [y], [x], lambda upstream: [gradient_of(y, upstream)])
-            return y
-        return {"products": replay, "lookups": look_up, "activations": activation}
+        return {"products": replay, "lookups": look_up}
 
     def _switch(self, kind_number, branch):
         if len(self.kinds) == 1:

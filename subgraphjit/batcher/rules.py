@@ -16,7 +16,7 @@ it in the statistics.
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_math_ops, gen_nn_ops
+from tensorflow.python.ops import gen_math_ops
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
 from ..ir.table import FrozenSlice
@@ -71,10 +71,6 @@ def broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count):
     if (hook is not None and entry.name in ROWS_GRADIENTS and not any(shared)
             and _same_rows(*aligned)):
         return hook(entry.name, *aligned, lambda: entry.call(aligned, attrs))
-    hook = _hooks["activations"]
-    if (hook is not None and entry.name in ACTIVATION_GRADIENTS and len(aligned) == 1
-            and not shared[0] and getattr(aligned[0], "dtype", tf.string).is_floating):
-        return hook(entry.name, aligned[0], lambda: entry.call(aligned, attrs))
     return entry.call(aligned, attrs)
 
 
@@ -93,19 +89,6 @@ ROWS_GRADIENTS = {
 }
 
 
-# Ops of one operand whose gradient reads only their result ``y`` and the
-# upstream ``g``, each as TensorFlow's registered gradient computes it for
-# a real dtype: a compiled program's forward keeps ``y``, and its backward
-# takes the gradient from it without computing the op, or the ops before
-# it, again (``hooks``).  (y, g) -> the gradient of the operand.
-ACTIVATION_GRADIENTS = {
-    "math.sigmoid": lambda y, g: gen_math_ops.sigmoid_grad(y, g),
-    "math.tanh": lambda y, g: gen_math_ops.tanh_grad(y, g),
-    "nn.relu": lambda y, g: gen_nn_ops.relu_grad(g, y),
-    "math.exp": lambda y, g: g * y,
-}
-
-
 def _same_rows(*operands):
     """Two tensors of one real dtype and one static shape past the rows (the
     rows of a step: one count), so that neither broadcasts."""
@@ -119,11 +102,11 @@ def _same_rows(*operands):
 
 
 # Where a compiled program's trace routes some ops (``hooks``).
-_hooks = {"products": None, "rows": None, "lookups": None, "activations": None}
+_hooks = {"products": None, "rows": None, "lookups": None}
 
 
 @contextlib.contextmanager
-def hooks(products=None, rows=None, lookups=None, activations=None):
+def hooks(products=None, rows=None, lookups=None):
     """While a compiled program traces this block, route through
     ``products(a, b, transpose_b, compute)`` every plain product a batch
     rule traces, which returns the product of the rows ``a`` and the
@@ -136,13 +119,9 @@ def hooks(products=None, rows=None, lookups=None, activations=None):
     backward records it with its gradient for that case.  And through
     ``lookups(table, indices, compute)`` each lookup of rows of a shared
     table: the forward keeps the rows of the variables it captured, the
-    backward replays them and takes their gradient as entries.  And
-    through ``activations(name, x, compute)`` each op of
-    ``ACTIVATION_GRADIENTS`` on stacked rows: the forward keeps its
-    result, the backward replays it with its gradient."""
+    backward replays them and takes their gradient as entries."""
     outer = dict(_hooks)
-    _hooks.update(products=products, rows=rows, lookups=lookups,
-                  activations=activations)
+    _hooks.update(products=products, rows=rows, lookups=lookups)
     try:
         yield
     finally:
