@@ -485,7 +485,7 @@ def timed_units(now, seed, per_node):
 
 
 @pytest.mark.parametrize("ratio,turns", [(1.2, len(search.Trial.TIMED)), (1.5, 4),
-                                         (3.0, 2)])
+                                         (2.5, 4), (4.0, 2)])
 def test_auto_granularity_ends_its_turns_early_once_the_times_are_apart(
         auto_trial, ratio, turns):
     """One turn each, one unit ``FAR`` times below the other, decide; or
@@ -509,8 +509,20 @@ def test_a_timed_evaluation_that_traced_is_timed_again(auto_trial):
         if unit == "subgraph" and timed.count("subgraph") == 1:
             context.pattern_traces += 1
             return 100.0
-        return 1.0 if unit == "subgraph" else 3.0
+        return 1.0 if unit == "subgraph" else 4.0
     assert timed_units(auto_trial, 26, per_node) == ["op", "subgraph", "subgraph"]
+    assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
+
+
+def test_one_slowed_turn_does_not_decide(auto_trial):
+    """A turn slowed 2.5x (the machine, the collector) against the other
+    unit's first is not ``FAR`` apart: the turns go on, and the unit that
+    is faster in the others is kept."""
+    def per_node(unit, timed):
+        if unit == "subgraph":
+            return 2.5 if timed.count("subgraph") == 1 else 0.6
+        return 1.0
+    assert len(timed_units(auto_trial, 27, per_node)) > 2
     assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
 
 
