@@ -238,7 +238,7 @@ def main():
           f"{floor_train:.0f} sentences/s training, {floor_infer:.0f} inference")
 
     for batch_size in arguments.batch_sizes:
-        rows, eager, trials = [], None, None
+        rows, eager, trials, refused = [], None, None, None
         for name, system in systems.items():
             subset = trees[:arguments.eager_trees] if name in per_instance else trees
             minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
@@ -252,6 +252,7 @@ def main():
                 chosen = subgraphjit.stats()["granularity_chosen"]
                 name = f"{name} ({chosen['training']}, {chosen['inference']})"
                 trials = subgraphjit.stats()["granularity_trial"]
+                refused = dict(subgraphjit.stats()["programs_not_compiled"])
             warm_up = time.perf_counter() - started
             programs = subgraphjit.stats()["programs_compiled"]
             speeds = (median_rate(train, len(subset), arguments.passes),
@@ -280,7 +281,8 @@ def main():
             print("granularity trials, median us per node: " + "; ".join(
                 f"{mode} " + ", ".join(f"{unit} {seconds * 1e6:.2f}"
                                        for unit, seconds in trial.items())
-                for mode, trial in trials.items()))
+                for mode, trial in trials.items())
+                + (f"; programs not compiled in the warm-up: {refused}" if refused else ""))
     print("\nfront end: training sentences/s if only subgraphjit's recording, "
           "pattern search and batching analysis cost time (no TensorFlow op "
           "timed): no execution, however fast, can train faster.  warm-up: "
