@@ -294,10 +294,10 @@ class Trial:
     every time of the other, or each has one and one is ``FAR`` times
     below the other: with minibatches of 256 each op evaluation of the
     Tree-LSTM takes about a second, four to five times a pattern
-    evaluation's per node.  (One turn each decides only past the 2x a
-    single evaluation can be slowed by the machine or the collector: the
-    Tree-LSTM's inference at 256, patterns 1.4-1.6x faster per node, once
-    chose ops with ``FAR`` at 2, and inferred at 0.6x.)  An evaluation that did one-off work (traced a pattern for new
+    evaluation's per node.  (One turn each decides only past the 2x by
+    which this machine's drift or the collector can slow a single
+    evaluation; the Tree-LSTM's inference units are 1.4-1.6x apart at
+    256.)  An evaluation that did one-off work (traced a pattern for new
     shapes, compiled a program, inferred a shape) is timed again, up to
     ``RETIMES`` times: one Tree-LSTM evaluation that traced five patterns
     took 688 ms against the op unit's 58, and chose ops, which then
