@@ -2,6 +2,7 @@
 eager TensorFlow's losses and gradients, never merge different subgraphs and
 never compute a node twice."""
 
+import gc
 import itertools
 import linecache
 
@@ -373,7 +374,13 @@ def auto_trial(parameters, monkeypatch):
     parameters(granularity="auto", collect=1, compile=2)
     now = [0.0]
     monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
-    return now
+    # (A full collection in a timed turn has it timed again: the collector
+    # waits, so that the tests' turns are the ones they count.)
+    collector_was_on = gc.isenabled()
+    gc.disable()
+    yield now
+    if collector_was_on:
+        gc.enable()
 
 
 @pytest.mark.parametrize("faster", ["op", "subgraph"])
@@ -512,6 +519,26 @@ def test_a_timed_evaluation_that_traced_is_timed_again(auto_trial):
         return 1.0 if unit == "subgraph" else 4.0
     assert timed_units(auto_trial, 26, per_node) == ["op", "subgraph", "subgraph"]
     assert tf.stats()["granularity_chosen"]["training"] == "subgraph"
+
+
+def test_a_timed_evaluation_with_a_full_collection_is_timed_again(monkeypatch):
+    """A timed evaluation during which the cyclic collector ran a full
+    collection (slow with a large heap) tells the trial nothing: its
+    turn is not counted, and its unit is timed again."""
+    # (A trial of its own; a new Trial forgets its mode's choice.)
+    from subgraphjit.context import context
+    monkeypatch.setattr(context, "granularity_chosen", {})
+    monkeypatch.setattr(context, "granularity_trial", {})
+    trial = search.Trial("training")
+    trial.timed = 1   # (the evaluation took the first turn)
+    trial.timing = ("op", 0.0, 100, search.one_off_work(), False)
+    gc.collect()
+    trial.stop(1.0)
+    assert trial.per_node["op"] == [] and trial.retimed == 1 and trial.timed == 0
+    trial.timed = 1
+    trial.timing = ("op", 1.0, 100, search.one_off_work(), False)
+    trial.stop(2.0)   # (no collection)
+    assert trial.per_node["op"] == [0.01]
 
 
 def test_one_slowed_turn_does_not_decide(auto_trial):

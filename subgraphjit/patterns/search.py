@@ -36,6 +36,7 @@ unit is faster, for training and for inference apart.
 """
 
 import collections
+import gc
 import statistics
 import time
 
@@ -260,13 +261,19 @@ class PatternSearch:
         context.pattern_fusions += len(joined)
 
 
-OneOffWork = collections.namedtuple("OneOffWork", "traces shapes compile_seconds")
+OneOffWork = collections.namedtuple("OneOffWork",
+                                    "traces shapes compile_seconds full_collections")
 
 
 def one_off_work():
-    """Counters of work an evaluation does once per new shape or key."""
+    """Counters of work an evaluation does once per new shape or key, and
+    of the cyclic collector's full collections, which fall on any
+    evaluation: one took 1.2 s of a 256-tree Tree-LSTM inference turn,
+    after a benchmark's other systems had filled the heap, and the trial
+    chose ops (inference at 0.57x of patterns)."""
     return OneOffWork(context.pattern_traces, context.shape_inferences,
-                      context.batching["compile_seconds"])   # (grows with each compile tried)
+                      context.batching["compile_seconds"],   # (grows with each compile tried)
+                      gc.get_stats()[2]["collections"])
 
 
 class Trial:
@@ -298,7 +305,8 @@ class Trial:
     which this machine's drift or the collector can slow a single
     evaluation; the Tree-LSTM's inference units are 1.4-1.6x apart at
     256.)  An evaluation that did one-off work (traced a pattern for new
-    shapes, compiled a program, inferred a shape) is timed again, up to
+    shapes, compiled a program, inferred a shape) or ran into a full
+    collection of the cyclic collector is timed again, up to
     ``RETIMES`` times: one Tree-LSTM evaluation that traced five patterns
     took 688 ms against the op unit's 58, and chose ops, which then
     trained at half the patterns' speed.  The time of an evaluation is
