@@ -228,10 +228,10 @@ def test_a_program_with_two_kinds_of_one_key_adopts_no_other(compiled):
     assert tf.stats()["program_cache_hits"] == 0
 
 
-def test_a_keys_superset_is_sought_again_once_a_program_compiles(monkeypatch):
-    """``Programs`` remembers which compiled program runs a key not
-    compiled itself (its superset), until the compiled programs change: a
-    key seen before the superset compiled is run by it when seen after."""
+def test_a_key_seen_before_its_superset_compiled_is_run_by_it_after(monkeypatch):
+    """A key not compiled itself is run by a compiled program of more
+    kinds (its superset), also when it was first seen before that
+    program compiled."""
     from types import SimpleNamespace
 
     def fake_program(name, kind_keys):
@@ -254,7 +254,7 @@ def test_a_keys_superset_is_sought_again_once_a_program_compiles(monkeypatch):
     assert compiled is not None and statistics["programs_compiled"] == 1
     assert programs.compiled_for(small, 4, statistics) is compiled
     assert small.adopted is compiled
-    assert programs.compiled_for(small, 4, statistics) is compiled   # (remembered)
+    assert programs.compiled_for(small, 4, statistics) is compiled   # (again)
 
 
 def planned(graph):

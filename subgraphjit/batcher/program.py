@@ -88,17 +88,13 @@ KEPT_PRODUCTS = 8
 
 
 class _Entry:
-    __slots__ = ("compiled", "tried", "superset")
+    __slots__ = ("compiled", "tried")
 
     def __init__(self):
         # The _Compiled, once compiled; it holds the kinds' variables, whose
         # ids are part of the key, so that no other variable takes an id.
         self.compiled = None
         self.tried = False
-        # (Programs.generation, the compiled superset then, or None): the
-        # search hashes every kind key of every entry (0.4 ms a call under
-        # cProfile, once per pipelined part of an inference minibatch).
-        self.superset = None
 
 
 class Programs:
@@ -110,7 +106,6 @@ class Programs:
         self._counts = collections.Counter()              # ... how often each
         self._compiled_relatives = set()   # ``relatives`` of compiled programs
         self.compiles = self.relatives_compiled = 0
-        self.generation = 0   # changes whenever the compiled programs do
 
     def clear(self):
         self.__init__()
@@ -154,15 +149,12 @@ class Programs:
             entry = self._entries[key] = _Entry()
             if len(self._entries) > CAPACITY:
                 self._entries.popitem(last=False)
-                self.generation += 1
         else:
             self._entries.move_to_end(key)
         if entry.compiled is not None:
             statistics["program_cache_hits"] += 1
             return _traced(entry.compiled, training, statistics)
-        if entry.superset is None or entry.superset[0] != self.generation:
-            entry.superset = (self.generation, self._compiled_superset(program))
-        larger = entry.superset[1]
+        larger = self._compiled_superset(program)
         if larger is not None:
             # A program of more kinds runs this one (its other kinds take
             # no steps): no compile for minibatches that lack a rare kind.
@@ -187,7 +179,6 @@ class Programs:
             else:
                 if _traced(compiled, training, statistics, started) is not None:
                     entry.compiled = compiled
-                    self.generation += 1
                     self._compiled_relatives.add(program.relatives)
                     statistics["programs_compiled"] += 1
         return entry.compiled

@@ -149,7 +149,8 @@ class PatternSearch:
         walked count as inputs."""
         reached = {node.id: node for node in roots}
         roots = collections.deque(roots)
-        if len(roots) == 1 and context.tapes:
+        one_loss = len(roots) == 1 and context.tapes
+        if one_loss:
             # The one root of a training evaluation (its loss) is not
             # counted: its subgraph, the sum of the minibatch's losses,
             # occurs once per evaluation, has nothing to batch with, and
@@ -162,14 +163,10 @@ class PatternSearch:
             if alone.entry.node_kind != "access" and not has_value_operand(alone):
                 roots.clear()
                 _enqueue(signer.walk(alone, depth).inputs, reached, roots)
-            inputs = None
-        else:
-            inputs = 0
         walked = 0
         while roots and walked < budget:
             queue = collections.deque([roots.popleft()])
-            if inputs is not None:
-                inputs += 1
+            self.inputs += not one_loss
             while queue:
                 node = queue.popleft()
                 if node.entry.node_kind == "access" or has_value_operand(node):
@@ -183,7 +180,6 @@ class PatternSearch:
                     self.op_counts[signature] = len(found.nodes)
                 walked += len(found.nodes)
                 _enqueue(found.inputs, reached, queue)
-        self.inputs += inputs or 0
         self.nodes += walked
 
     def _select(self, freq):
@@ -349,15 +345,15 @@ class Trial:
         if self.timing is not None:
             unit, started, count, work, settling = self.timing
             self.timing = None
+            per_node, one_off = (now - started) / max(count, 1), work != one_off_work()
             if settling:
-                self.settled_time = ((now - started) / max(count, 1)
-                                     if work == one_off_work() else None)
+                self.settled_time = None if one_off else per_node
                 return
-            if work != one_off_work() and self.retimed < self.RETIMES:
+            if one_off and self.retimed < self.RETIMES:
                 self.retimed += 1
                 self.timed -= 1   # (this unit's turn again)
                 return
-            self.per_node[unit].append((now - started) / max(count, 1))
+            self.per_node[unit].append(per_node)
 
     def count(self, nodes):
         """``nodes`` more for the timed evaluation (a later round of its map)."""
