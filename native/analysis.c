@@ -271,11 +271,15 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
                Py_ssize_t type_count)
 {
     memset(graph, 0, sizeof(*graph));
-    PyObject *type_of = PySequence_Fast(type_of_arg, "type_of must be a sequence");
+    /* (An Indices object is read as its array, without a list.) */
+    Py_ssize_t count;
+    PyObject *type_of = indices_items(type_of_arg, &count) != NULL ? Py_NewRef(type_of_arg)
+        : PySequence_Fast(type_of_arg, "type_of must be a sequence");
     if (type_of == NULL)
         return -1;
     int status = -1;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(type_of);
+    if (indices_items(type_of, &count) == NULL)
+        count = PySequence_Fast_GET_SIZE(type_of);
     if (type_count < 0) {
         PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
         goto done;
@@ -307,9 +311,18 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
     }
     else if (sources_read(graph, sources_arg) < 0)
         goto done;
+    const Py_ssize_t *given_types = indices_items(type_of_arg, &count);
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (index_in(PySequence_Fast_GET_ITEM(type_of, i), -1, type_count,
-                     "the type", i, &graph->type_of[i]) < 0)
+        if (given_types != NULL) {
+            graph->type_of[i] = given_types[i];
+            if (given_types[i] < -1 || given_types[i] >= type_count) {
+                PyErr_Format(PyExc_ValueError, "the type of node %zd is %zd, not "
+                             "in [-1, %zd)", i, given_types[i], type_count);
+                goto done;
+            }
+        }
+        else if (index_in(PySequence_Fast_GET_ITEM(type_of, i), -1, type_count,
+                          "the type", i, &graph->type_of[i]) < 0)
             goto done;
         Py_ssize_t deepest = 0;
         for (Py_ssize_t k = graph->offset[i]; k < graph->offset[i + 1]; k++) {
@@ -1825,8 +1838,11 @@ describe_graph(PyObject *module, PyObject *args)
     Py_ssize_t duplicates = 0;
     for (Py_ssize_t index = 0; index < count; index++)
         duplicates += duplicate_of[index] != index;
-    PyObject *type_list = int_list(type_of, count);
-    PyObject *duplicate_list = int_list(duplicate_of, count);
+    /* The passes after this one read these as arrays, and the table's
+     * nodes as checked (plan.c). */
+    PyObject *type_list = indices_new(type_of, count);
+    PyObject *duplicate_list = indices_new(duplicate_of, count);
+    table->nodes = Py_NewRef(nodes);
     PyObject *sources = PyObject_GetAttrString((PyObject *)table, "sources");
     if (type_list != NULL && duplicate_list != NULL && sources != NULL)
         result = Py_BuildValue("(OOOOOOn)", type_list, duplicate_list, table,

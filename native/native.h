@@ -154,9 +154,21 @@ typedef struct {
     Py_ssize_t *sources;
     Py_ssize_t source_count, source_capacity;
     PyObject **lists, **tuples;             /* what Python was given, per node */
+    PyObject *nodes;   /* the tuple of the nodes described (each checked to
+                          be a VirtualNode), or NULL */
 } OperandTable;
 
 extern PyTypeObject *operand_table_type;
+
+/* operands.c: an immutable sequence of ints held as a C array: a
+ * BatchGraph's per-node integers (``type_of``, ``duplicate_of``), which
+ * the passes after describe_graph read as arrays rather than converting a
+ * list of Python ints each (their conversions cost as much as describing
+ * the graph).  Python reads it like a list, an int per item. */
+PyObject *indices_new(const Py_ssize_t *items, Py_ssize_t count);
+/* The items of an Indices object (its length in ``count``), or NULL
+ * without an exception for anything else. */
+const Py_ssize_t *indices_items(PyObject *object, Py_ssize_t *count);
 
 /* A new table with room for ``count`` nodes (NULL with an exception set).
  * The node being described is number ``count``: push its operands (the

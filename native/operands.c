@@ -39,6 +39,7 @@ operand_table_new(Py_ssize_t count)
     table->sources = NULL;
     table->source_count = table->source_capacity = 0;
     table->lists = table->tuples = NULL;
+    table->nodes = NULL;
     table->first = PyMem_New(Py_ssize_t, count + 1);
     table->source_first = PyMem_New(Py_ssize_t, count + 1);
     if (table->first == NULL || table->source_first == NULL) {
@@ -107,6 +108,7 @@ operand_table_dealloc(PyObject *self)
     PyMem_Free(table->source_first);
     PyMem_Free(table->lists);
     PyMem_Free(table->tuples);
+    Py_XDECREF(table->nodes);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -270,6 +272,115 @@ static PyType_Spec sources_view_spec = {
     .slots = sources_view_slots,
 };
 
+/* -- Indices ----------------------------------------------------------------- */
+
+static PyTypeObject *indices_type;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    Py_ssize_t *items;
+} Indices;
+
+PyObject *
+indices_new(const Py_ssize_t *items, Py_ssize_t count)
+{
+    Indices *indices = PyObject_New(Indices, indices_type);
+    if (indices == NULL)
+        return NULL;
+    indices->count = count;
+    indices->items = PyMem_New(Py_ssize_t, count + 1);
+    if (indices->items == NULL) {
+        Py_DECREF(indices);
+        return PyErr_NoMemory();
+    }
+    memcpy(indices->items, items, count * sizeof(Py_ssize_t));
+    return (PyObject *)indices;
+}
+
+const Py_ssize_t *
+indices_items(PyObject *object, Py_ssize_t *count)
+{
+    if (!Py_IS_TYPE(object, indices_type))
+        return NULL;
+    *count = ((Indices *)object)->count;
+    return ((Indices *)object)->items;
+}
+
+static void
+indices_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyMem_Free(((Indices *)self)->items);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static Py_ssize_t
+indices_length(PyObject *self)
+{
+    return ((Indices *)self)->count;
+}
+
+static PyObject *
+indices_item(PyObject *self, Py_ssize_t index)
+{
+    if (index < 0 || index >= ((Indices *)self)->count) {
+        PyErr_SetString(PyExc_IndexError, "index out of range");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(((Indices *)self)->items[index]);
+}
+
+/* As a list (equal to a list of the same ints; shown as one). */
+static PyObject *
+indices_list(PyObject *self)
+{
+    return int_list(((Indices *)self)->items, ((Indices *)self)->count);
+}
+
+static PyObject *
+indices_richcompare(PyObject *self, PyObject *other, int op)
+{
+    PyObject *list = indices_list(self);
+    if (list == NULL)
+        return NULL;
+    PyObject *result = PyObject_RichCompare(list, other, op);
+    Py_DECREF(list);
+    return result;
+}
+
+static PyObject *
+indices_repr(PyObject *self)
+{
+    PyObject *list = indices_list(self);
+    if (list == NULL)
+        return NULL;
+    PyObject *repr = PyUnicode_FromFormat("Indices(%R)", list);
+    Py_DECREF(list);
+    return repr;
+}
+
+static PyType_Slot indices_slots[] = {
+    {Py_tp_dealloc, indices_dealloc},
+    {Py_sq_length, indices_length},
+    {Py_sq_item, indices_item},
+    {Py_tp_richcompare, indices_richcompare},
+    {Py_tp_repr, indices_repr},
+    {Py_tp_hash, PyObject_HashNotImplemented},
+    {Py_tp_doc, "A BatchGraph's per-node integers (type_of, duplicate_of): "
+                "read like a list of ints, held as a C array for the passes "
+                "in C."},
+    {0, NULL},
+};
+
+static PyType_Spec indices_spec = {
+    .name = "subgraphjit._native.Indices",
+    .basicsize = sizeof(Indices),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = indices_slots,
+};
+
 OperandTable *
 sources_table(PyObject *object)
 {
@@ -281,10 +392,12 @@ add_operand_types(PyObject *module)
 {
     operand_table_type = (PyTypeObject *)PyType_FromSpec(&operand_table_spec);
     sources_view_type = (PyTypeObject *)PyType_FromSpec(&sources_view_spec);
-    if (operand_table_type == NULL || sources_view_type == NULL)
+    indices_type = (PyTypeObject *)PyType_FromSpec(&indices_spec);
+    if (operand_table_type == NULL || sources_view_type == NULL || indices_type == NULL)
         return -1;
     if (PyModule_AddObjectRef(module, "OperandTable", (PyObject *)operand_table_type) < 0
-            || PyModule_AddObjectRef(module, "Sources", (PyObject *)sources_view_type) < 0)
+            || PyModule_AddObjectRef(module, "Sources", (PyObject *)sources_view_type) < 0
+            || PyModule_AddObjectRef(module, "Indices", (PyObject *)indices_type) < 0)
         return -1;
     return 0;
 }

@@ -333,3 +333,52 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
         with pytest.raises(error):
             _native.write_back(*arguments, ACCESS)
     assert [state(node) for node in graph.nodes] == before   # untouched by the failed calls
+
+
+def test_per_node_integers_are_arrays_that_read_like_lists():
+    """describe_graph gives ``type_of`` and ``duplicate_of`` as C arrays
+    (``_native.Indices``), which the passes after it read without a list
+    conversion; the passes give the same results for lists of the same
+    ints, and check the arrays' values as they checked the lists'."""
+    graph, batches = small_graph()
+    count = len(graph.nodes)
+    for indices in (graph.type_of, graph.duplicate_of):
+        assert type(indices) is _native.Indices
+        as_list = list(indices)
+        assert len(indices) == count and indices == as_list and repr(as_list) in repr(indices)
+        assert [indices[i] for i in range(count)] == as_list and indices[-1] == as_list[-1]
+        with pytest.raises(IndexError):
+            indices[count]
+        with pytest.raises(TypeError):
+            hash(indices)
+        with pytest.raises(TypeError):
+            _native.Indices()
+    assert -1 in graph.type_of
+
+    # The same results from the arrays and from lists of their ints.
+    arguments = fill_arguments(graph, batches)
+    as_lists = list(arguments)
+    as_lists[2], as_lists[3] = list(graph.type_of), list(graph.duplicate_of)
+    assert repr(_native.fill(*arguments)) == repr(_native.fill(*as_lists))
+    read = [graph.nodes, graph.type_of, graph.duplicate_of, graph.operands,
+            len(graph.types), set(), ACCESS]
+    assert _native.read_outputs(*read) == _native.read_outputs(
+        graph.nodes, list(graph.type_of), list(graph.duplicate_of), *read[3:])
+    for schedule in (_native.critical_schedule, _native.agenda_schedule):
+        assert schedule(graph.type_of, graph.sources, len(graph.types)) == \
+            schedule(list(graph.type_of), graph.sources, len(graph.types))
+
+    # An array's values are checked against the counts the call gives.
+    with pytest.raises(ValueError):
+        _native.critical_schedule(graph.type_of, graph.sources, 0)
+    with pytest.raises(ValueError):
+        _native.read_outputs(graph.nodes, graph.type_of, graph.duplicate_of,
+                             graph.operands, 0, set(), ACCESS)
+    with tf.GradientTape():   # another graph's array, of another length
+        other = BatchGraph(unevaluated_ancestors([tf.tanh(tensorflow.constant([1.0]))]))
+    with pytest.raises(ValueError):
+        _native.fill(*arguments[:3], other.duplicate_of, *arguments[4:])
+    # The nodes the table describes need no check of their own; a list
+    # that differs from them anywhere is checked from there on.
+    with pytest.raises(TypeError):
+        _native.read_outputs(graph.nodes[:-1] + [None], *read[1:])
