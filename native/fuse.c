@@ -226,27 +226,81 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
     return pair;
 }
 
+/* The joined node's spec (the producer's outputs', then the consumer's)
+ * and the consumer's attributes as an access to the last of them, new
+ * references.  Specs are interned, so most joins of a call share a few
+ * pairs of them: the last SHAPES pairs are kept, by the specs' addresses,
+ * rather than made anew per join (the entries hold references to the
+ * specs, so an address stays theirs). */
+#define SHAPES 8
+typedef struct {
+    PyObject *producer_spec, *consumer_spec, *spec, *attrs;
+} Shape;
+
+static int
+joined_shape(Shape *shapes, Node *producer, Node *consumer, PyObject **spec_out,
+             PyObject **attrs_out)
+{
+    size_t slot = (((uintptr_t)producer->spec ^ ((uintptr_t)consumer->spec >> 4)) >> 4)
+                  % SHAPES;
+    Shape *shape = &shapes[slot];
+    if (shape->spec == NULL || shape->producer_spec != producer->spec
+            || shape->consumer_spec != consumer->spec) {
+        PyObject *specs = PySequence_Fast(producer->spec,
+                                          "a multi-output node's spec is a tuple");
+        if (specs == NULL)
+            return -1;
+        Py_ssize_t outputs = PySequence_Fast_GET_SIZE(specs);
+        PyObject *spec = PyTuple_New(outputs + 1);
+        PyObject *attrs = Py_BuildValue("(n)", outputs);
+        if (spec == NULL || attrs == NULL) {
+            Py_DECREF(specs);
+            Py_XDECREF(spec);
+            Py_XDECREF(attrs);
+            return -1;
+        }
+        for (Py_ssize_t n = 0; n < outputs; n++)
+            PyTuple_SET_ITEM(spec, n, Py_NewRef(PySequence_Fast_GET_ITEM(specs, n)));
+        PyTuple_SET_ITEM(spec, outputs, Py_NewRef(consumer->spec));
+        Py_DECREF(specs);
+        Py_XSETREF(shape->producer_spec, Py_NewRef(producer->spec));
+        Py_XSETREF(shape->consumer_spec, Py_NewRef(consumer->spec));
+        Py_XSETREF(shape->spec, spec);
+        Py_XSETREF(shape->attrs, attrs);
+    }
+    *spec_out = Py_NewRef(shape->spec);
+    *attrs_out = Py_NewRef(shape->attrs);
+    return 0;
+}
+
+static void
+shapes_clear(Shape *shapes)
+{
+    for (int i = 0; i < SHAPES; i++) {
+        Py_CLEAR(shapes[i].producer_spec);
+        Py_CLEAR(shapes[i].consumer_spec);
+        Py_CLEAR(shapes[i].spec);
+        Py_CLEAR(shapes[i].attrs);
+    }
+}
+
 /* Join ``consumer`` to ``producer`` as ``fused`` reads them: the producer's
  * node runs the pair (on its arguments and then ``extras``), the
  * consumer's becomes an access to its last output. */
 static int
 join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
-     PyObject *access_entry)
+     PyObject *access_entry, Shape *shapes)
 {
+    PyObject *spec = NULL, *attrs = NULL;
     PyObject *entry = PyObject_GetAttr(fused, str_entry);
-    PyObject *specs = entry == NULL ? NULL
-        : PySequence_Fast(producer->spec, "a multi-output node's spec is a tuple");
-    if (specs == NULL) {
+    if (entry == NULL || joined_shape(shapes, producer, consumer, &spec, &attrs) < 0) {
         Py_XDECREF(entry);
         return -1;
     }
-    Py_ssize_t outputs = PySequence_Fast_GET_SIZE(specs);
     Py_ssize_t own = producer->input_count, count = own + extras->size;
     PyObject **inputs = PyMem_New(PyObject *, count + 1);
-    PyObject *spec = PyTuple_New(outputs + 1);
-    PyObject *attrs = Py_BuildValue("(n)", outputs);
     PyObject *reads = (PyObject *)producer;
-    int failed = inputs == NULL || spec == NULL || attrs == NULL;
+    int failed = inputs == NULL;
     if (inputs == NULL)
         PyErr_NoMemory();
     if (!failed) {
@@ -254,20 +308,16 @@ join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
             inputs[i] = node_input(producer, i);
         for (Py_ssize_t i = 0; i < extras->size; i++)
             inputs[own + i] = extras->items[i];
-        for (Py_ssize_t n = 0; n < outputs; n++)
-            PyTuple_SET_ITEM(spec, n, Py_NewRef(PySequence_Fast_GET_ITEM(specs, n)));
-        PyTuple_SET_ITEM(spec, outputs, Py_NewRef(consumer->spec));
         /* The producer takes the extras before the consumer lets them go;
          * one input is kept inline, so the consumer's cannot fail. */
         failed = node_set_inputs(producer, inputs, count) < 0
                  || node_set_inputs(consumer, &reads, 1) < 0;
     }
     PyMem_Free(inputs);
-    Py_DECREF(specs);
     if (failed) {
         Py_DECREF(entry);
-        Py_XDECREF(spec);
-        Py_XDECREF(attrs);
+        Py_DECREF(spec);
+        Py_DECREF(attrs);
         return -1;
     }
     Py_XSETREF(producer->entry, entry);
@@ -284,7 +334,8 @@ PyDoc_STRVAR(fuse_doc,
 "search.py).  ``fused`` maps (producer pattern, consumer pattern, wiring)\n"
 "to a joined pattern, ``make_fused(key, extra_count)`` makes one for a new\n"
 "key (and stores it); ``entry_kind(entry)`` gives bits: 1 multi-output, 2 a\n"
-"pattern that can be joined to.  Returns the joined pattern of each join.");
+"pattern that can be joined to.  Returns a dict: the joins per joined\n"
+"pattern.");
 
 static PyObject *
 fuse(PyObject *module, PyObject *args)
@@ -305,33 +356,36 @@ fuse(PyObject *module, PyObject *args)
             return NULL;
         }
     }
-    PyObject *cache = PyDict_New(), *memo = PyDict_New(), *joined = PyList_New(0);
+    PyObject *cache = PyDict_New(), *memo = PyDict_New(), *result = NULL;
+    /* The joins per joined pattern; the memo holds each pattern. */
+    Tally joined = {0};
+    Shape shapes[SHAPES] = {{0}};
     PtrArray extras = {0};
     Py_ssize_t *codes = NULL, code_capacity = 0;
-    if (cache == NULL || memo == NULL || joined == NULL)
-        goto fail;
+    if (cache == NULL || memo == NULL)
+        goto done;
     Py_ssize_t count = PyTuple_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < count; i++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i);
         prefetch_ahead(nodes, i, count);
         int kind = kind_of_entry(node->entry, entry_kind, cache), error = 0;
         if (kind < 0)
-            goto fail;
+            goto done;
         if (kind & MULTI_OUTPUT)
             continue;   /* its outputs' accesses would nest */
         Node *producer = latest_producer(node, access_entry, entry_kind, cache, &error);
         if (error)
-            goto fail;
+            goto done;
         if (producer == NULL)
             continue;
         while (code_capacity < node->input_count)
             if (array_grow((void **)&codes, &code_capacity, sizeof(Py_ssize_t)) < 0)
-                goto fail;
+                goto done;
         extras.size = 0;
         int joinable = wiring_codes(node, producer, access_entry, codes, &extras);
         if (joinable <= 0) {
             if (joinable < 0)
-                goto fail;
+                goto done;
             continue;
         }
         /* Held while Python runs (the pattern may be made), with the
@@ -341,29 +395,26 @@ fuse(PyObject *module, PyObject *args)
             Py_INCREF(extras.items[k]);
         PyObject *pair = joined_pattern(node, producer, codes, extras.size, memo,
                                         fused, make_fused);
-        int failed = pair == NULL || join(node, producer, pair, &extras, access_entry) < 0
-                     || PyList_Append(joined, pair) < 0;
+        int failed = pair == NULL
+                     || join(node, producer, pair, &extras, access_entry, shapes) < 0
+                     || tally_add(&joined, pair) < 0;
         Py_XDECREF(pair);
         Py_DECREF(producer);
         for (Py_ssize_t k = 0; k < extras.size; k++)
             Py_DECREF(extras.items[k]);
         if (failed)
-            goto fail;
+            goto done;
     }
-    Py_DECREF(cache);
-    Py_DECREF(memo);
-    Py_DECREF(nodes);
-    PyMem_Free(extras.items);
-    PyMem_Free(codes);
-    return joined;
-fail:
+    result = tally_dict(&joined);   /* (before the memo lets the pairs go) */
+done:
     Py_XDECREF(cache);
     Py_XDECREF(memo);
-    Py_XDECREF(joined);
     Py_DECREF(nodes);
+    PyMem_Free(joined.items);
+    shapes_clear(shapes);
     PyMem_Free(extras.items);
     PyMem_Free(codes);
-    return NULL;
+    return result;
 }
 
 static PyMethodDef fuse_methods[] = {

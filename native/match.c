@@ -905,49 +905,6 @@ PyDoc_STRVAR(replace_doc,
 "are reached.  Returns (reached, replaced, matches): lists of nodes, in\n"
 "id order, and a dict of the replaced nodes per pattern entry.");
 
-/* Replacements per pattern entry, counted as they happen (a handful of
- * patterns: a linear search); the entries are borrowed from the
- * candidates, which the search holds. */
-typedef struct {
-    PyObject *entry;
-    Py_ssize_t count;
-} Tallied;
-
-typedef struct {
-    Tallied *items;
-    Py_ssize_t size, capacity;
-} Tally;
-
-static int
-tally_add(Tally *tally, PyObject *entry)
-{
-    for (Py_ssize_t i = 0; i < tally->size; i++) {
-        if (tally->items[i].entry == entry) {
-            tally->items[i].count++;
-            return 0;
-        }
-    }
-    if (tally->size == tally->capacity
-            && array_grow((void **)&tally->items, &tally->capacity, sizeof(Tallied)) < 0)
-        return -1;
-    tally->items[tally->size++] = (Tallied){entry, 1};
-    return 0;
-}
-
-/* The tally as a new dict {entry: count}, or NULL with an exception set. */
-static PyObject *
-tally_dict(Tally *tally)
-{
-    PyObject *dict = PyDict_New();
-    for (Py_ssize_t i = 0; dict != NULL && i < tally->size; i++) {
-        PyObject *count = PyLong_FromSsize_t(tally->items[i].count);
-        if (count == NULL || PyDict_SetItem(dict, tally->items[i].entry, count) < 0)
-            Py_CLEAR(dict);
-        Py_XDECREF(count);
-    }
-    return dict;
-}
-
 static PyObject *
 replace(PyObject *module, PyObject *args)
 {

@@ -504,7 +504,8 @@ def test_fuse_joins_and_bad_input_raises():
     producer_entry, consumer_entry, joined_entry = Entry("p"), Entry("c"), Entry("p+c")
     argument = node(0, consumer_entry)
     first = spec(tf.float32, (1,))
-    producer = node(1, producer_entry, (argument,), spec=(first,))
+    outputs = (first,)   # (one object: specs are interned when recorded)
+    producer = node(1, producer_entry, (argument,), spec=outputs)
     output = node(2, ACCESS, (producer,), (0,))
     second = spec(tf.float32, (2,))
     consumer = node(3, consumer_entry, (output, argument), spec=second)
@@ -543,13 +544,28 @@ def test_fuse_joins_and_bad_input_raises():
         made.append((key, extra_count))
         return Pair()
 
-    joined = _native.fuse([consumer], {}, make_pair, entry_kind, ACCESS)
+    # Two more pairs of the same wiring, one with a consumer of another
+    # spec: joins of equal specs share the joined spec.
+    third = spec(tf.float32, (3,))
+    pairs = [(producer, consumer)]
+    for number, consumer_spec in ((4, second), (8, third)):
+        other_argument = node(number, consumer_entry)
+        other_producer = node(number + 1, producer_entry, (other_argument,), spec=outputs)
+        other_output = node(number + 2, ACCESS, (other_producer,), (0,))
+        pairs.append((other_producer, node(number + 3, consumer_entry,
+                                           (other_output, other_argument),
+                                           spec=consumer_spec)))
+    joined = _native.fuse([pair[1] for pair in pairs], {}, make_pair, entry_kind, ACCESS)
     assert made == [(("p", "c", (("output", 0), ("argument", 0))), 0)]
-    assert len(joined) == 1 and type(joined[0]) is Pair
+    [(pair, count)] = joined.items()
+    assert type(pair) is Pair and count == 3
     assert producer.entry is joined_entry and producer.inputs == (argument,)
-    assert producer.spec == (first, second)
-    assert consumer.entry is ACCESS and consumer.attrs == (1,)
-    assert consumer.inputs == (producer,)
+    assert [joined_producer.spec for joined_producer, _ in pairs] == [
+        (first, second), (first, second), (first, third)]
+    assert pairs[0][0].spec is pairs[1][0].spec
+    for joined_producer, joined_consumer in pairs:
+        assert joined_consumer.entry is ACCESS and joined_consumer.attrs == (1,)
+        assert joined_consumer.inputs == (joined_producer,)
 
 
 def test_odd_nodes_never_match_and_never_crash():

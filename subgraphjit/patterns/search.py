@@ -252,9 +252,9 @@ class PatternSearch:
             return fused
 
         joined = _native.fuse(pattern_nodes, self.fused, make_fused, _entry_kind, ACCESS)
-        for fused, count in collections.Counter(joined).items():
+        for fused, count in joined.items():
             fused.matches += count
-        context.pattern_fusions += len(joined)
+        context.pattern_fusions += sum(joined.values())
 
 
 OneOffWork = collections.namedtuple("OneOffWork",
