@@ -131,6 +131,8 @@ idset_free(IdSet *set)
 {
     PyMem_Free(set->keys);
     PyMem_Free(set->used);
+    set->keys = NULL;   /* (freeing twice is harmless) */
+    set->used = NULL;
 }
 
 /* Adds ``id``: 1 if it was new, 0 if present, -1 on memory error.  Kept at
@@ -167,6 +169,43 @@ static inline int
 idset_contains(const IdSet *set, long long id)
 {
     return set->used[id_slot(set, id)];
+}
+
+/* ``set`` made from a Python set of node ids (``what`` names it in the
+ * errors): 0, or -1 with an exception set and nothing to free. */
+static inline int
+idset_read(IdSet *set, PyObject *ids, const char *what)
+{
+    set->keys = NULL;
+    set->used = NULL;
+    if (!PyAnySet_Check(ids)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a set of node ids", what);
+        return -1;
+    }
+    if (idset_init(set, 64) < 0)
+        return -1;
+    PyObject *iterator = PyObject_GetIter(ids), *id;
+    if (iterator == NULL) {
+        idset_free(set);
+        return -1;
+    }
+    while ((id = PyIter_Next(iterator)) != NULL) {
+        long long value = PyLong_Check(id) ? PyLong_AsLongLong(id) : -1;
+        int bad = !PyLong_Check(id) || (value == -1 && PyErr_Occurred());
+        if (bad) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s holds %R, not a node id", what, id);
+        }
+        Py_DECREF(id);
+        if (bad || idset_add(set, value) < 0)
+            break;
+    }
+    Py_DECREF(iterator);
+    if (PyErr_Occurred()) {
+        idset_free(set);
+        return -1;
+    }
+    return 0;
 }
 
 /* -- a set of node ids as bits over their range ----------------------------- */

@@ -353,35 +353,7 @@ labels_read(Labels *labels, PyObject *given)
         }
         *fields[i] = field;
     }
-    if (!PyAnySet_Check(required)) {
-        PyErr_SetString(PyExc_TypeError, "labels item 0 (required) must be "
-                        "a set of node ids");
-        return -1;
-    }
-    if (idset_init(&labels->required, 64) < 0)
-        return -1;
-    PyObject *iterator = PyObject_GetIter(required), *id;
-    if (iterator == NULL) {
-        idset_free(&labels->required);
-        return -1;
-    }
-    while ((id = PyIter_Next(iterator)) != NULL) {
-        long long value = PyLong_Check(id) ? PyLong_AsLongLong(id) : -1;
-        int bad = !PyLong_Check(id) || (value == -1 && PyErr_Occurred());
-        if (bad) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "required holds %R, not a node id", id);
-        }
-        Py_DECREF(id);
-        if (bad || idset_add(&labels->required, value) < 0)
-            break;
-    }
-    Py_DECREF(iterator);
-    if (PyErr_Occurred()) {
-        idset_free(&labels->required);
-        return -1;
-    }
-    return 0;
+    return idset_read(&labels->required, required, "labels item 0 (required)");
 }
 
 /* A cached label by ``key``, else ``fill(argument)``'s (a new reference). */

@@ -242,6 +242,7 @@ read_outputs(PyObject *module, PyObject *args)
                    access_entry) < 0)
         return NULL;
     PyObject *result = NULL;
+    IdSet required_ids = {0};
     /* Per type, its output count (from a node of it) and the offset of its
      * flags in ``read``. */
     Py_ssize_t *outputs = PyMem_New(Py_ssize_t, type_count + 1);
@@ -292,18 +293,13 @@ read_outputs(PyObject *module, PyObject *args)
                 MARK(graph.type_of[operand->index], operand->pick < 0 ? 0 : operand->pick);
         }
     }
-    Py_ssize_t required_count = PySet_GET_SIZE(required);
+    if (idset_read(&required_ids, required, "required_ids") < 0)
+        goto done;
     for (Py_ssize_t i = 0; i < graph.count; i++) {
         Node *node = graph_node(&graph, i);
-        int wanted = node->consumers == 0;
-        if (!wanted && required_count) {
-            PyObject *id = PyLong_FromLongLong(node->id);
-            wanted = id == NULL ? -1 : PySet_Contains(required, id);
-            Py_XDECREF(id);
-            if (wanted < 0)
-                goto done;
-        }
-        if (!wanted)
+        if (i + 8 < graph.count)
+            prefetch_node(graph_node(&graph, i + 8));
+        if (node->consumers != 0 && !idset_contains(&required_ids, node->id))
             continue;
         if (node->entry == graph.access_entry) {
             Py_ssize_t source, number;
@@ -340,6 +336,7 @@ done:
     PyMem_Free(outputs);
     PyMem_Free(offset);
     PyMem_Free(read);
+    idset_free(&required_ids);
     graph_free(&graph);
     return result;
 }

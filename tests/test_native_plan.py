@@ -312,7 +312,9 @@ def test_read_outputs_and_write_back_of_bad_input_raise_clean_errors():
                                    (1, [-5] * len(graph.nodes), ValueError),
                                    (2, [], ValueError),
                                    (4, -1, ValueError),
-                                   (5, [], TypeError)]:
+                                   (5, [], TypeError),
+                                   (5, {"not an id"}, TypeError),
+                                   (5, {2 ** 80}, TypeError)]:
         changed = list(base)
         changed[position] = value
         with pytest.raises(error):
