@@ -1617,8 +1617,11 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                 PyErr_SetString(PyExc_AttributeError, "an operand node has no spec");
                 goto fail;
             }
+            /* (A multi-output node's spec is a tuple: read in place.) */
             PyObject *spec = pick == Py_None ? Py_NewRef(source->spec)
-                                             : PyObject_GetItem(source->spec, pick);
+                : PyTuple_CheckExact(source->spec) && pick_number < PyTuple_GET_SIZE(source->spec)
+                ? Py_NewRef(PyTuple_GET_ITEM(source->spec, pick_number))
+                : PyObject_GetItem(source->spec, pick);
             pushed = spec == NULL ? -1 : part_push(parts, PART_SPEC, spec);
             if (pushed == 0)
                 pushed = index >= 0
