@@ -1586,8 +1586,14 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             Py_ssize_t index = idmap_get(index_of, source->id);
             PyObject *pick = Py_None;
             Py_ssize_t pick_number = -1;
-            if (source->entry == d->access_entry && index >= 0) {
-                /* Read the picked output of the multi-output node. */
+            /* An access node of this graph, or one the pattern search
+             * left out of it whose multi-output node is in it (replace):
+             * read the picked output of that node. */
+            if (source->entry == d->access_entry
+                    && (index >= 0 || (source->input_count > 0
+                                       && is_node(node_input(source, 0))
+                                       && idmap_get(index_of,
+                                                    ((Node *)node_input(source, 0))->id) >= 0))) {
                 if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
                         || source->input_count < 1 || !is_node(node_input(source, 0))) {
                     PyErr_SetString(PyExc_TypeError, "a malformed access node");

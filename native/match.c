@@ -817,18 +817,34 @@ prefetch_below(Node *node)
     }
 }
 
-/* The search's step: reach the nodes among ``operands`` (only the
- * unevaluated ones if ``unevaluated_only``) not reached before; ``reached``
- * holds a reference to each, and ``pending`` (borrowing) lists them to
- * visit.  No Python code runs here. */
+/* The search's step: reach the nodes among ``operands`` not reached
+ * before; ``reached`` holds a reference to each, and ``pending``
+ * (borrowing) lists them to visit.  With ``required`` (the operands of a
+ * visited node; else the roots), only unevaluated nodes are reached, and
+ * an access node that nodes read and no one asked for is passed through
+ * to its multi-output node: it stays out of the evaluation, whose nodes
+ * read the output from that node (describe_graph), and takes its output
+ * when asked for (swallowed; ``VirtualNode.value``).  Three in four nodes
+ * of a Tree-LSTM minibatch's evaluation were such access nodes, which
+ * every pass after this one read, and which got a value nobody read.  No
+ * Python code runs here. */
 static int
-enqueue(PyObject *const *operands, Py_ssize_t count, int unevaluated_only,
+enqueue(PyObject *const *operands, Py_ssize_t count, const IdSet *required,
         IdBits *ids, KeyedArray *reached, KeyedArray *pending)
 {
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *operand = operands[i];
-        if (!is_node(operand) || (unevaluated_only && !unevaluated((Node *)operand)))
+        if (!is_node(operand) || (required != NULL && !unevaluated((Node *)operand)))
             continue;
+        Node *read = (Node *)operand;
+        if (required != NULL && read->entry == access_entry && access_entry != NULL
+                && read->consumers > 0 && read->input_count > 0
+                && is_node(node_input(read, 0)) && !idset_contains(required, read->id)) {
+            read->swallowed = 1;
+            operand = node_input(read, 0);
+            if (!unevaluated((Node *)operand))
+                continue;
+        }
         int added = idbits_add(ids, ((Node *)operand)->id);
         if (added < 0 || (added && keyed_push(reached, (Node *)operand) < 0))
             return -1;
@@ -943,7 +959,7 @@ replace(PyObject *module, PyObject *args)
     }
     match_calls++;
     if (enqueue(PySequence_Fast_ITEMS(root_list), PySequence_Fast_GET_SIZE(root_list),
-                0, &ids, &reached, &pending) < 0)
+                NULL, &ids, &reached, &pending) < 0)
         goto done;
 
     while (pending.size > 0) {
@@ -972,7 +988,7 @@ replace(PyObject *module, PyObject *args)
             }
         }
         /* On from its operands, or from the pattern's inputs it now has. */
-        if (enqueue(node_inputs(node), node->input_count, 1, &ids, &reached,
+        if (enqueue(node_inputs(node), node->input_count, &labels.required, &ids, &reached,
                     &pending) < 0)
             goto done;
     }

@@ -18,6 +18,7 @@ from subgraphjit.batcher.schedulers import (AgendaScheduler, CriticalScheduler,
                                             DepthScheduler, depths)
 from subgraphjit.context import context
 from subgraphjit.evaluate import unevaluated_ancestors
+from subgraphjit.ir.node import take_output
 from subgraphjit.ir.spec import is_variable, spec_of_foreign
 from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
@@ -393,7 +394,7 @@ class ReferenceGraph:
                 source = node.inputs[0]
                 source_index = index_of.get(source.id, -1)
                 if source_index < 0:
-                    graph_module._take_output(node, source)
+                    take_output(node, source)
                 else:
                     index_of[node.id] = index
                 self.operands.append([(source_index, None, source)])
@@ -549,7 +550,7 @@ def test_foreign_operands_and_duplicates_match_the_reference():
 
 def test_describe_graph_bad_input_raises_clean_errors():
     helpers = (ACCESS, graph_module._entry_info, graph_module._kind_of,
-               spec_of_foreign, graph_module._value_key, graph_module._take_output)
+               spec_of_foreign, graph_module._value_key, take_output)
     with pytest.raises(TypeError):
         _native.describe_graph((), *helpers)           # not a list
     with pytest.raises(TypeError):

@@ -126,7 +126,7 @@ def reference_matcher(signer, template, depth):
 
 def reference_replace(roots, templates, signer, depth, swallowed):
     """search.PatternSearch._replace_in_place's loop before issue 17: (reached nodes
-    in id order, replaced nodes in id order)."""
+    in id order, replaced nodes in id order); access nodes left out since."""
     candidates_by_root = {
         root: [(reference_matcher(signer, template, depth), pattern)
                for template, pattern in candidates]
@@ -152,8 +152,18 @@ def reference_replace(roots, templates, signer, depth, swallowed):
             swallowed.update([inner.id for inner in inner_nodes])
             replaced.append(node)
         for operand in operands:
-            if type(operand) is VirtualNode and not operand.evaluated \
-                    and operand.id not in reached:
+            if type(operand) is not VirtualNode or operand.evaluated:
+                continue
+            # (Since: an access node nodes read, and no one asked for, is
+            # left out, to take its output when asked for.)
+            if (operand.entry is ACCESS and operand.consumers > 0 and operand.inputs
+                    and type(operand.inputs[0]) is VirtualNode
+                    and operand.id not in signer.required):
+                swallowed.add(operand.id)
+                operand = operand.inputs[0]
+                if operand.evaluated:
+                    continue
+            if operand.id not in reached:
                 reached[operand.id] = operand
                 queue.append(operand)
     return ([reached[node_id] for node_id in sorted(reached)],

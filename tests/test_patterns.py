@@ -179,6 +179,50 @@ def test_a_swallowed_node_is_computed_when_asked_for(parameters):
                                rtol=1e-6)
 
 
+def test_an_access_node_read_by_others_takes_its_output_when_asked_for(parameters):
+    """The search leaves an access node that other nodes read out of their
+    evaluation (they read the output from the multi-output op); asked for
+    later, in the tape, it takes that output: eager's values and
+    gradients."""
+    rng = np.random.default_rng(0)
+    weight_value = rng.standard_normal((3, 4)).astype(np.float32)
+    inputs = rng.standard_normal((3, 1, 3)).astype(np.float32)
+
+    def loss_of(module, weight, kept):
+        losses = []
+        for x in inputs:
+            a, b = module.split(module.matmul(x, weight), 2, axis=1)
+            # (``a`` read twice: never inside a pattern, only its input.)
+            h = module.sigmoid(a) * module.tanh(b) + a
+            kept.append(a)
+            losses.append(module.reduce_sum(module.exp(h)))
+        return module.add_n(losses)
+
+    eager_weight = tensorflow.Variable(weight_value)
+    with tensorflow.GradientTape() as tape:
+        eager_kept = []
+        expected = loss_of(tensorflow, eager_weight, eager_kept) + \
+            tensorflow.reduce_sum(eager_kept[1] * 2.0)
+    expected_gradient = tape.gradient(expected, eager_weight)
+
+    parameters(granularity="subgraph", collect=1, depth=3)
+    weight = tf.Variable(weight_value)
+    for collecting in (True, False):
+        kept = []
+        with tf.GradientTape() as tape:
+            loss = loss_of(tf, weight, kept)
+            tf.build(loss)
+            if not collecting:   # left out: not computed, its op was
+                assert kept[1].swallowed and not kept[1].evaluated
+                assert kept[1].inputs[0].evaluated
+            total = loss + tf.reduce_sum(kept[1] * 2.0)
+        gradient = tape.gradient(total, weight)
+    assert tf.stats()["pattern_matches"] > 0
+    np.testing.assert_allclose(kept[1].numpy(), eager_kept[1].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(float(total), float(expected), rtol=1e-6)
+    assert_loss_and_gradients_equal((total, [gradient]), (expected, [expected_gradient]))
+
+
 def test_new_batch_sizes_do_not_retrace(parameters):
     parameters(granularity="subgraph", collect=1, depth=3)
     weight = tensorflow.Variable(np.eye(3, dtype=np.float32))

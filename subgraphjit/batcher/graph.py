@@ -26,6 +26,7 @@ import numpy as np
 from .. import _native
 from ..ir.spec import (NUMBER, NUMPY_SCALAR, TENSOR, VARIABLE, classify_operand,
                        spec_of_foreign)
+from ..ir.node import take_output
 from ..ir.table import ACCESS, PATTERN_KINDS, OpEntry
 
 
@@ -73,7 +74,7 @@ class BatchGraph:
          self.types, self.shared_operand,
          self.duplicates) = _native.describe_graph(
             self.nodes, ACCESS, _entry_info, _kind_of, spec_of_foreign, _value_key,
-            _take_output)
+            take_output)
         # describe_graph gives each batching type as one flat tuple (entry,
         # attrs, attr types, then a part per operand); named here, once per
         # type.
@@ -105,19 +106,6 @@ class BatchGraph:
     def type_name(self, index):
         """The stable name (``type_names``) of node ``index``'s type."""
         return _stable_name(self.nodes[index], self.operands[index])
-
-
-def _take_output(access_node, source):
-    """Evaluate, in place, an access node whose multi-output op is
-    evaluated already (describe_graph calls it as it meets one)."""
-    index = access_node.attrs[0]
-    if source.result is None and source.batched is not None:
-        access_node.batched = source.batched[index]
-        access_node.row = source.row
-        if isinstance(access_node.row, tuple):   # a row per output
-            access_node.row = access_node.row[index]
-    else:
-        access_node.result = source.value()[index]
 
 
 def _stable_name(node, operands):

@@ -99,7 +99,7 @@ class VirtualNode:
     def value(self):
         """The tf.Tensor this node stands for, evaluating it if needed."""
         if self.result is None:
-            if self.batched is None:
+            if self.batched is None and not self._output_taken():
                 # Read before a scope or tf.build evaluated it: an evaluation
                 # of its own, counted under the user's line that read it
                 # (the stack is looked at only here, never while recording).
@@ -120,7 +120,7 @@ class VirtualNode:
         round from one batched value), and reading a minibatch's outputs
         costs no op per instance."""
         if self.result is None:
-            if self.batched is None:
+            if self.batched is None and not self._output_taken():
                 _evaluate([self], forced_by=forced_site(sys._getframe(1)))
             if overlap.holding():   # its batched value may still be computing
                 overlap.end()
@@ -138,6 +138,8 @@ class VirtualNode:
         anything); else (the value, None).  Not plain: rows of a result over
         varying lengths or a padded corner (slice, tuple rows: varying.py),
         and a multi-output op's outputs (a list)."""
+        if self.result is None and self.batched is None:
+            self._output_taken()
         if (self.result is None and self.batched is not None
                 and type(self.batched) is not list
                 and type(self.row) not in (slice, tuple)):
@@ -147,6 +149,21 @@ class VirtualNode:
     @property
     def evaluated(self):
         return self.result is not None or self.batched is not None
+
+    def _output_taken(self):
+        """Whether this is an access node (one output of a multi-output
+        op) whose op has its value, and has now taken its output from it.
+        The pattern search leaves the access nodes that other nodes read
+        out of their evaluation (native/match.c, ``enqueue``): those nodes
+        read the output from the op itself, and the access node takes it
+        here, when asked for, with no evaluation of its own."""
+        if getattr(self.entry, "node_kind", None) != "access" or not self.inputs:
+            return False
+        source = self.inputs[0]
+        if type(source) is not VirtualNode or not source.evaluated:
+            return False
+        take_output(self, source)
+        return True
 
     def numpy(self):
         return self._host()
@@ -214,6 +231,20 @@ def _described(node, caller):
 
 
 EAGER_TENSOR = type(tf.constant(0))
+
+
+def take_output(access_node, source):
+    """Give an access node its output of ``source``, its evaluated
+    multi-output node, in place: a row of one of its batched values, or
+    the output of its value."""
+    index = access_node.attrs[0]
+    if source.result is None and source.batched is not None:
+        access_node.batched = source.batched[index]
+        access_node.row = source.row
+        if isinstance(access_node.row, tuple):   # a row per output
+            access_node.row = access_node.row[index]
+    else:
+        access_node.result = source.value()[index]
 
 
 def _row_of(batched, row):
