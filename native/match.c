@@ -821,13 +821,14 @@ prefetch_below(Node *node)
  * before; ``reached`` holds a reference to each, and ``pending``
  * (borrowing) lists them to visit.  With ``required`` (the operands of a
  * visited node; else the roots), only unevaluated nodes are reached, and
- * an access node that nodes read and no one asked for is passed through
- * to its multi-output node: it stays out of the evaluation, whose nodes
- * read the output from that node (describe_graph), and takes its output
- * when asked for (swallowed; ``VirtualNode.value``).  Three in four nodes
- * of a Tree-LSTM minibatch's evaluation were such access nodes, which
- * every pass after this one read, and which got a value nobody read.  No
- * Python code runs here. */
+ * an access node that nodes read, that no one asked for and that is no
+ * root is passed through to its multi-output node: it stays out of the
+ * evaluation, whose nodes read the output from that node
+ * (describe_graph), and takes its output when asked for (swallowed;
+ * ``VirtualNode.value``).  Three in four nodes of a Tree-LSTM
+ * minibatch's evaluation were such access nodes, which every pass after
+ * this one read, and which got a value nobody read.  No Python code runs
+ * here. */
 static int
 enqueue(PyObject *const *operands, Py_ssize_t count, const IdSet *required,
         IdBits *ids, KeyedArray *reached, KeyedArray *pending)
@@ -839,7 +840,8 @@ enqueue(PyObject *const *operands, Py_ssize_t count, const IdSet *required,
         Node *read = (Node *)operand;
         if (required != NULL && read->entry == access_entry && access_entry != NULL
                 && read->consumers > 0 && read->input_count > 0
-                && is_node(node_input(read, 0)) && !idset_contains(required, read->id)) {
+                && is_node(node_input(read, 0)) && !idset_contains(required, read->id)
+                && !idbits_contains(ids, read->id)) {   /* (not a root) */
             read->swallowed = 1;
             operand = node_input(read, 0);
             if (!unevaluated((Node *)operand))
@@ -890,8 +892,9 @@ PyDoc_STRVAR(replace_doc,
 "marks the subgraph's other nodes swallowed, and the search goes on\n"
 "from those inputs; a node that matches nothing is passed\n"
 "by, and the search goes on from its operands.  Only unevaluated nodes\n"
-"are reached.  Returns (reached, replaced, matches): lists of nodes, in\n"
-"id order, and a dict of the replaced nodes per pattern entry.");
+"are reached, and no access node read by a reached node unless asked for\n"
+"or a root (see ``enqueue``).  Returns (reached, replaced, matches): lists\n"
+"of nodes, in id order, and a dict of the replaced nodes per pattern entry.");
 
 static PyObject *
 replace(PyObject *module, PyObject *args)
@@ -917,7 +920,8 @@ replace(PyObject *module, PyObject *args)
         return NULL;
     }
     /* ``reached`` holds a reference to each node reached, ``pending``
-     * borrows, ``replaced`` holds the ids of the rewritten ones.  The search is depth first: a node's operands
+     * borrows, ``replaced`` holds the ids of the rewritten ones.  The
+     * search is depth first: a node's operands
      * next, which were recorded just before it, rather than the whole
      * minibatch's nodes at one distance from the roots (a breadth-first
      * order reads every tree at each step, missing the cache with

@@ -154,11 +154,11 @@ def reference_replace(roots, templates, signer, depth, swallowed):
         for operand in operands:
             if type(operand) is not VirtualNode or operand.evaluated:
                 continue
-            # (Since: an access node nodes read, and no one asked for, is
-            # left out, to take its output when asked for.)
+            # (Since: an access node nodes read, that no one asked for and
+            # that is no root, is left out, to take its output when asked.)
             if (operand.entry is ACCESS and operand.consumers > 0 and operand.inputs
                     and type(operand.inputs[0]) is VirtualNode
-                    and operand.id not in signer.required):
+                    and operand.id not in signer.required and operand.id not in reached):
                 swallowed.add(operand.id)
                 operand = operand.inputs[0]
                 if operand.evaluated:
