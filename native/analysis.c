@@ -273,12 +273,13 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
     memset(graph, 0, sizeof(*graph));
     /* (An Indices object is read as its array, without a list.) */
     Py_ssize_t count;
-    PyObject *type_of = indices_items(type_of_arg, &count) != NULL ? Py_NewRef(type_of_arg)
+    const Py_ssize_t *given_types = indices_items(type_of_arg, &count);
+    PyObject *type_of = given_types != NULL ? Py_NewRef(type_of_arg)
         : PySequence_Fast(type_of_arg, "type_of must be a sequence");
     if (type_of == NULL)
         return -1;
     int status = -1;
-    if (indices_items(type_of, &count) == NULL)
+    if (given_types == NULL)
         count = PySequence_Fast_GET_SIZE(type_of);
     if (type_count < 0) {
         PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
@@ -311,7 +312,6 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
     }
     else if (sources_read(graph, sources_arg) < 0)
         goto done;
-    const Py_ssize_t *given_types = indices_items(type_of_arg, &count);
     for (Py_ssize_t i = 0; i < count; i++) {
         if (given_types != NULL) {
             graph->type_of[i] = given_types[i];

@@ -230,7 +230,7 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
  * and the consumer's attributes as an access to the last of them, new
  * references.  Specs are interned, so most joins of a call share a few
  * pairs of them: the last SHAPES pairs are kept, by the specs' addresses,
- * rather than made anew per join (the entries hold references to the
+ * rather than made anew per join (a kept pair holds references to its
  * specs, so an address stays theirs). */
 #define SHAPES 8
 typedef struct {
@@ -241,6 +241,10 @@ static int
 joined_shape(Shape *shapes, Node *producer, Node *consumer, PyObject **spec_out,
              PyObject **attrs_out)
 {
+    if (producer->spec == NULL || consumer->spec == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a pattern node to join has no spec");
+        return -1;
+    }
     size_t slot = (((uintptr_t)producer->spec ^ ((uintptr_t)consumer->spec >> 4)) >> 4)
                   % SHAPES;
     Shape *shape = &shapes[slot];

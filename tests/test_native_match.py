@@ -577,6 +577,17 @@ def test_fuse_joins_and_bad_input_raises():
         assert joined_consumer.entry is ACCESS and joined_consumer.attrs == (1,)
         assert joined_consumer.inputs == (joined_producer,)
 
+    # A node whose spec Python deleted raises, and nothing is joined.
+    lone_argument = node(20, consumer_entry)
+    lone_producer = node(21, producer_entry, (lone_argument,), spec=outputs)
+    lone_consumer = node(23, consumer_entry,
+                         (node(22, ACCESS, (lone_producer,), (0,)), lone_argument),
+                         spec=second)
+    del lone_consumer.spec
+    with pytest.raises(TypeError, match="no spec"):
+        _native.fuse([lone_consumer], {}, make_pair, entry_kind, ACCESS)
+    assert lone_producer.entry is producer_entry and lone_consumer.entry is consumer_entry
+
 
 def test_odd_nodes_never_match_and_never_crash():
     """Nodes whose fields were replaced from Python with other values."""
