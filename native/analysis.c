@@ -263,6 +263,7 @@ done:
 
 /* Reads and checks the structure, and computes every node's depth: 1 + the
  * deepest source, where nodes that are not scheduled add nothing.  The
+ * types are an Indices object or a list or tuple of ints; the
  * sources of a BatchGraph (describe_graph's Sources view) are copied from
  * its arrays; any other sequence of tuples is read item by item.  Nothing
  * here runs Python code once the sequences are made. */
@@ -271,26 +272,23 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
                Py_ssize_t type_count)
 {
     memset(graph, 0, sizeof(*graph));
-    /* (An Indices object is read as its array, without a list.) */
     Py_ssize_t count;
-    const Py_ssize_t *given_types = indices_items(type_of_arg, &count);
-    PyObject *type_of = given_types != NULL ? Py_NewRef(type_of_arg)
-        : PySequence_Fast(type_of_arg, "type_of must be a sequence");
-    if (type_of == NULL)
+    if (indices_items(type_of_arg, &count) == NULL
+            && (count = PySequence_Size(type_of_arg)) < 0)
         return -1;
-    int status = -1;
-    if (given_types == NULL)
-        count = PySequence_Fast_GET_SIZE(type_of);
     if (type_count < 0) {
         PyErr_SetString(PyExc_ValueError, "type_count must not be negative");
-        goto done;
+        return -1;
     }
+    int status = -1;
     graph->count = count;
     graph->type_count = type_count;
-    graph->type_of = PyMem_New(Py_ssize_t, count + 1);
+    graph->type_of = index_array(type_of_arg, count, -1, type_count, "type_of");
+    if (graph->type_of == NULL)
+        goto done;
     graph->offset = PyMem_New(Py_ssize_t, count + 1);
     graph->depth = PyMem_New(Py_ssize_t, count + 1);
-    if (graph->type_of == NULL || graph->offset == NULL || graph->depth == NULL) {
+    if (graph->offset == NULL || graph->depth == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -313,17 +311,6 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
     else if (sources_read(graph, sources_arg) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (given_types != NULL) {
-            graph->type_of[i] = given_types[i];
-            if (given_types[i] < -1 || given_types[i] >= type_count) {
-                PyErr_Format(PyExc_ValueError, "the type of node %zd is %zd, not "
-                             "in [-1, %zd)", i, given_types[i], type_count);
-                goto done;
-            }
-        }
-        else if (index_in(PySequence_Fast_GET_ITEM(type_of, i), -1, type_count,
-                          "the type", i, &graph->type_of[i]) < 0)
-            goto done;
         Py_ssize_t deepest = 0;
         for (Py_ssize_t k = graph->offset[i]; k < graph->offset[i + 1]; k++) {
             Py_ssize_t source = graph->sources[k];
@@ -339,7 +326,6 @@ structure_read(Structure *graph, PyObject *type_of_arg, PyObject *sources_arg,
     }
     status = 0;
 done:
-    Py_DECREF(type_of);
     if (status < 0)
         structure_free(graph);
     return status;
@@ -1589,13 +1575,13 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
             /* An access node of this graph, or one the pattern search
              * left out of it whose multi-output node is in it (replace):
              * read the picked output of that node. */
-            if (source->entry == d->access_entry
-                    && (index >= 0 || (source->input_count > 0
-                                       && is_node(node_input(source, 0))
-                                       && idmap_get(index_of,
-                                                    ((Node *)node_input(source, 0))->id) >= 0))) {
-                if (!PyTuple_Check(source->attrs) || PyTuple_GET_SIZE(source->attrs) < 1
-                        || source->input_count < 1 || !is_node(node_input(source, 0))) {
+            Node *op = source->entry == d->access_entry && source->input_count > 0
+                       && is_node(node_input(source, 0))
+                       ? (Node *)node_input(source, 0) : NULL;
+            Py_ssize_t op_index = op == NULL ? -1 : idmap_get(index_of, op->id);
+            if (source->entry == d->access_entry && (index >= 0 || op_index >= 0)) {
+                if (op == NULL || !PyTuple_Check(source->attrs)
+                        || PyTuple_GET_SIZE(source->attrs) < 1) {
                     PyErr_SetString(PyExc_TypeError, "a malformed access node");
                     goto fail;
                 }
@@ -1607,8 +1593,8 @@ describe_node(Describe *d, Node *node, const IdMap *index_of,
                                         "must be a non-negative int");
                     goto fail;
                 }
-                source = (Node *)node_input(source, 0);
-                index = idmap_get(index_of, source->id);
+                source = op;
+                index = op_index;
                 if (index < 0) {
                     PyErr_Format(PyExc_KeyError, "%lld", source->id);
                     goto fail;
@@ -1749,7 +1735,7 @@ describe_graph(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < count; i++) {
         Node *node = (Node *)PyTuple_GET_ITEM(nodes, i);
         if (i + 8 < count)
-            __builtin_prefetch(PyTuple_GET_ITEM(nodes, i + 8));
+            prefetch_node(PyTuple_GET_ITEM(nodes, i + 8));
         if (!Py_IS_TYPE(node, node_type)) {
             PyErr_Format(PyExc_TypeError, "nodes[%zd] is not a VirtualNode", i);
             Py_DECREF(nodes);

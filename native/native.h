@@ -169,6 +169,11 @@ PyObject *indices_new(const Py_ssize_t *items, Py_ssize_t count);
 /* The items of an Indices object (its length in ``count``), or NULL
  * without an exception for anything else. */
 const Py_ssize_t *indices_items(PyObject *object, Py_ssize_t *count);
+/* The ``count`` ints of an Indices object or of a list or tuple of ints,
+ * each checked to be in [low, high), as a new PyMem array; NULL with a
+ * TypeError or ValueError naming ``what`` (or MemoryError). */
+Py_ssize_t *index_array(PyObject *sequence, Py_ssize_t count, Py_ssize_t low,
+                        Py_ssize_t high, const char *what);
 
 /* A new table with room for ``count`` nodes (NULL with an exception set).
  * The node being described is number ``count``: push its operands (the

@@ -307,6 +307,51 @@ indices_items(PyObject *object, Py_ssize_t *count)
     return ((Indices *)object)->items;
 }
 
+Py_ssize_t *
+index_array(PyObject *sequence, Py_ssize_t count, Py_ssize_t low, Py_ssize_t high,
+            const char *what)
+{
+    Py_ssize_t given_count = -1;
+    const Py_ssize_t *given = indices_items(sequence, &given_count);
+    if (given == NULL && (PyList_Check(sequence) || PyTuple_Check(sequence)))
+        given_count = PySequence_Fast_GET_SIZE(sequence);
+    if (given_count != count) {
+        PyErr_Format(given_count < 0 ? PyExc_TypeError : PyExc_ValueError,
+                     "%s must be a list of %zd ints", what, count);
+        return NULL;
+    }
+    Py_ssize_t *items = PyMem_New(Py_ssize_t, count + 1);
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = given != NULL ? NULL : PySequence_Fast_GET_ITEM(sequence, i);
+        if (item != NULL && !PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "%s must be ints, not %.100s", what,
+                         Py_TYPE(item)->tp_name);
+            goto fail;
+        }
+        int overflow = 0;
+        items[i] = item == NULL ? given[i] : PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (item != NULL && items[i] == -1 && PyErr_Occurred())
+            goto fail;
+        if (overflow || items[i] < low || items[i] >= high) {
+            if (overflow)
+                PyErr_Format(PyExc_ValueError, "%s has %R at %zd, not in [%zd, %zd)",
+                             what, item, i, low, high);
+            else
+                PyErr_Format(PyExc_ValueError, "%s has %zd at %zd, not in [%zd, %zd)",
+                             what, items[i], i, low, high);
+            goto fail;
+        }
+    }
+    return items;
+fail:
+    PyMem_Free(items);
+    return NULL;
+}
+
 static void
 indices_dealloc(PyObject *self)
 {

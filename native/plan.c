@@ -34,44 +34,6 @@ int_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
     return 0;
 }
 
-/* A list of ints, each in [low, high), as a new C array of ``count``. */
-static Py_ssize_t *
-int_array(PyObject *list, Py_ssize_t count, Py_ssize_t low, Py_ssize_t high,
-          const char *what)
-{
-    Py_ssize_t given_count;
-    const Py_ssize_t *given = indices_items(list, &given_count);
-    if ((given == NULL || given_count != count)
-            && (!PyList_Check(list) || PyList_GET_SIZE(list) != count)) {
-        PyErr_Format(PyExc_ValueError, "%s must be a list of %zd ints", what, count);
-        return NULL;
-    }
-    Py_ssize_t *items = PyMem_New(Py_ssize_t, count + 1);
-    if (items == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    if (given != NULL) {   /* describe_graph's array: checked, not converted */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            if (given[i] < low || given[i] >= high) {
-                PyErr_Format(PyExc_ValueError, "%s is %zd, not in [%zd, %zd)", what,
-                             given[i], low, high);
-                PyMem_Free(items);
-                return NULL;
-            }
-            items[i] = given[i];
-        }
-        return items;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (int_in(PyList_GET_ITEM(list, i), low, high, what, &items[i]) < 0) {
-            PyMem_Free(items);
-            return NULL;
-        }
-    }
-    return items;
-}
-
 /* Operand ``position`` of graph node ``index``, with its index checked to
  * be in the graph (or OPERAND_EARLIER, OPERAND_VALUE). */
 static const Operand *
@@ -180,10 +142,10 @@ graph_read(Graph *graph, PyObject *nodes, PyObject *type_of,
     graph->operands = (OperandTable *)operands;
     graph->access_entry = access_entry;
     graph->type_count = type_count;
-    graph->type_of = int_array(type_of, graph->count, -1, type_count, "type_of");
+    graph->type_of = index_array(type_of, graph->count, -1, type_count, "type_of");
     if (graph->type_of == NULL)
         return -1;
-    graph->duplicate_of = int_array(duplicate_of, graph->count, 0, graph->count,
+    graph->duplicate_of = index_array(duplicate_of, graph->count, 0, graph->count,
                                     "duplicate_of");
     if (graph->duplicate_of == NULL) {
         graph_free(graph);
@@ -473,12 +435,12 @@ fill(PyObject *module, PyObject *args)
     Py_ssize_t *computed = NULL, *filled = NULL;
     Py_ssize_t *members = NULL, members_capacity = 0;   /* a batch's nodes */
     KindInfo *kinds = NULL;
-    Py_ssize_t *kind_of = int_array(kind_of_type, type_count, -1, PY_SSIZE_T_MAX,
+    Py_ssize_t *kind_of = index_array(kind_of_type, type_count, -1, PY_SSIZE_T_MAX,
                                     "kind_of_type");
     if (kind_of == NULL)
         goto done;
     kinds = kinds_read(kind_list, buffer_count, &kind_count);
-    computed = int_array(computed_list, buffer_count, 0, PY_SSIZE_T_MAX, "computed");
+    computed = index_array(computed_list, buffer_count, 0, PY_SSIZE_T_MAX, "computed");
     filled = PyMem_Calloc(buffer_count + 1, sizeof(Py_ssize_t));
     where = PyMem_New(int, count + 1);
     outputs = PyMem_New(int, count + 1);
