@@ -168,16 +168,51 @@ def shape_of(tensor):
     return tensor.shape
 
 
-def call(concrete, tensors):
+def call(concrete, tensors, rewrite=True):
     """``concrete(*tensors)`` without checking the tensors' shapes, which
     the caller guarantees (a plain call waits for queued ones), and the
-    outputs' shapes promised."""
+    outputs' shapes promised.  ``rewrite=False``: TensorFlow's graph
+    rewrites (Grappler) are skipped where the function is first called
+    (``unrewritten``)."""
     call_flat = getattr(concrete, "_call_flat", None)
     if call_flat is None:
         return concrete(*tensors)
-    outputs = call_flat(list(tensors), concrete.captured_inputs)
+    with contextlib.nullcontext() if rewrite else unrewritten():
+        outputs = call_flat(list(tensors), concrete.captured_inputs)
     if active():
         traced = tf.nest.flatten(concrete.structured_outputs, expand_composites=True)
         for tensor, symbolic in zip(tf.nest.flatten(outputs, expand_composites=True), traced):
             promise(tensor, symbolic.shape)
     return outputs
+
+
+@contextlib.contextmanager
+def unrewritten():
+    """Functions first called in the block skip Grappler, TensorFlow's
+    graph rewrites, which it runs once per function, at its first call.
+    A compiled program's loop gains nothing measurable from them, and they
+    took 0.2-0.3 s of each program's first call (BENCHMARKS.md).  The
+    thread's other call options stay the caller's.  (The call options have
+    no public API; where they change, functions are rewritten as usual.)"""
+    try:
+        from tensorflow.core.protobuf import config_pb2
+        current = _eager()[0].context()
+        given = current.function_call_options
+        options = _unrewritten.get(given.config_proto_serialized)
+        if options is None:
+            config = config_pb2.ConfigProto.FromString(given.config_proto_serialized)
+            config.graph_options.rewrite_options.disable_meta_optimizer = True
+            options = _unrewritten[given.config_proto_serialized] = type(given)(
+                given.executor_type, config)
+        current.function_call_options = options
+    except (ImportError, AttributeError, TypeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        current.function_call_options = given
+
+
+# Call options without Grappler, per the caller's call options (serialized).
+_unrewritten = {}

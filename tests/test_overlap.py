@@ -213,3 +213,40 @@ def test_pipeline_bookkeeping_refuses_bad_input():
         _native.restore(object())   # not the capsule write_back gives
     with pytest.raises(RuntimeError):
         overlap.hold([], None)   # nothing is queued
+
+
+def test_a_function_called_unrewritten_skips_grappler_and_keeps_the_callers_options():
+    """Compiled programs are first called without Grappler's rewrites
+    (``overlap.unrewritten``): inside the block the thread's call options
+    are the caller's with the meta optimizer off; after it, even after an
+    error, the caller's own options again."""
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context as eager_context
+    current = eager_context.context()
+    saved = current.function_call_options
+    config = config_pb2.ConfigProto(allow_soft_placement=True, intra_op_parallelism_threads=1)
+    expected = config_pb2.ConfigProto()
+    expected.CopyFrom(config)
+    expected.graph_options.rewrite_options.disable_meta_optimizer = True
+    caller = type(saved)(config_proto=config)
+    current.function_call_options = caller
+    try:
+        square = tensorflow.function(lambda x: x * x).get_concrete_function(
+            tensorflow.TensorSpec((2,), tensorflow.float32))
+        for _ in range(2):   # (the options are made once, then reused)
+            with overlap.unrewritten():
+                inside = config_pb2.ConfigProto.FromString(
+                    current.function_call_options.config_proto_serialized)
+                np.testing.assert_array_equal(
+                    overlap.call(square, [tensorflow.constant([2.0, 3.0])]), [4.0, 9.0])
+            assert inside == expected
+            assert current.function_call_options is caller
+        with pytest.raises(ZeroDivisionError):
+            with overlap.unrewritten():
+                1 / 0
+        assert current.function_call_options is caller
+        np.testing.assert_array_equal(
+            overlap.call(square, [tensorflow.constant([1.0, 5.0])], rewrite=False), [1.0, 25.0])
+        assert current.function_call_options is caller
+    finally:
+        current.function_call_options = saved

@@ -817,7 +817,7 @@ class _Compiled:
         given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
                  else values[number] for number in self.given]
         if not recording:   # inference: no gradient to join to a tape
-            return overlap.call(self.inference, [*arrays, *inputs, *given])
+            return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
@@ -830,7 +830,7 @@ class _Compiled:
         for number in tables:
             variable_accessed(values[number])
         with _tape.stop_recording():
-            outputs = overlap.call(self.forward, [*arrays, *inputs, *given])
+            outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
         buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
 
         def gradient(*upstream):
@@ -839,7 +839,8 @@ class _Compiled:
                         for b in self.trainable]
             # (Queued since GradientTape.gradient: overlap.py.)
             input_gradients, shared_gradients = overlap.call(
-                self.backward, [*arrays, *buffers, *given, *adjoints, *lists])
+                self.backward, [*arrays, *buffers, *given, *adjoints, *lists],
+                rewrite=False)
             by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
                 _gradient(value, shared_gradients[number]) if number in used else None
