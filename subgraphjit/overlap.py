@@ -32,6 +32,9 @@ update are called flat (``call``), with the shapes the program's traced
 outputs promise (``promise``, ``shape_of``).  A backward that is not a
 compiled program's (the tape replaying each batch's ops) queues too, its
 ops dispatched by this thread as before but run by the other.
+
+``call`` is also where a compiled program's functions skip TensorFlow's
+graph rewrites (``unrewritten``).
 """
 
 import contextlib
@@ -198,12 +201,12 @@ def unrewritten():
         from tensorflow.core.protobuf import config_pb2
         current = _eager()[0].context()
         given = current.function_call_options
-        options = _unrewritten.get(given.config_proto_serialized)
+        key = (given.executor_type, given.config_proto_serialized)
+        options = _unrewritten.get(key)
         if options is None:
             config = config_pb2.ConfigProto.FromString(given.config_proto_serialized)
             config.graph_options.rewrite_options.disable_meta_optimizer = True
-            options = _unrewritten[given.config_proto_serialized] = type(given)(
-                given.executor_type, config)
+            options = _unrewritten[key] = type(given)(given.executor_type, config)
         current.function_call_options = options
     except (ImportError, AttributeError, TypeError):
         yield
@@ -214,5 +217,6 @@ def unrewritten():
         current.function_call_options = given
 
 
-# Call options without Grappler, per the caller's call options (serialized).
+# Call options without Grappler, per the caller's (executor type, serialized
+# config).
 _unrewritten = {}
