@@ -187,30 +187,6 @@ structure_free(Structure *graph)
     PyMem_Free(graph->depth);
 }
 
-/* An int in [low, high), else TypeError or ValueError naming ``what``. */
-static int
-index_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
-         Py_ssize_t node, Py_ssize_t *out)
-{
-    if (!PyLong_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "%s of node %zd must be an int, not %.100s",
-                     what, node, Py_TYPE(value)->tp_name);
-        return -1;
-    }
-    Py_ssize_t number = PyLong_AsSsize_t(value);
-    if (number == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        number = high;   /* beyond Py_ssize_t: out of range below */
-    }
-    if (number < low || number >= high) {
-        PyErr_Format(PyExc_ValueError, "%s of node %zd is %R, not in [%zd, %zd)",
-                     what, node, value, low, high);
-        return -1;
-    }
-    *out = number;
-    return 0;
-}
-
 /* The sources of a Python sequence of tuples (or lists) of graph indices,
  * into ``graph``'s offset and sources, unchecked. */
 static int

@@ -169,6 +169,11 @@ PyObject *indices_new(const Py_ssize_t *items, Py_ssize_t count);
 /* The items of an Indices object (its length in ``count``), or NULL
  * without an exception for anything else. */
 const Py_ssize_t *indices_items(PyObject *object, Py_ssize_t *count);
+/* ``value``, an int in [low, high), into ``out``: 0; else -1 with a
+ * TypeError or ValueError naming ``what`` (and ``position``, if it is not
+ * negative). */
+int index_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
+             Py_ssize_t position, Py_ssize_t *out);
 /* The ``count`` ints of an Indices object or of a list or tuple of ints,
  * each checked to be in [low, high), as a new PyMem array; NULL with a
  * TypeError or ValueError naming ``what`` (or MemoryError). */

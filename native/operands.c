@@ -307,6 +307,37 @@ indices_items(PyObject *object, Py_ssize_t *count)
     return ((Indices *)object)->items;
 }
 
+int
+index_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
+         Py_ssize_t position, Py_ssize_t *out)
+{
+    if (!PyLong_Check(value)) {
+        if (position < 0)
+            PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
+                         Py_TYPE(value)->tp_name);
+        else
+            PyErr_Format(PyExc_TypeError, "%s at %zd must be an int, not %.100s",
+                         what, position, Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_ssize_t number = PyLong_AsSsize_t(value);
+    if (number == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        number = high;   /* beyond Py_ssize_t: out of range below */
+    }
+    if (number < low || number >= high) {
+        if (position < 0)
+            PyErr_Format(PyExc_ValueError, "%s is %R, not in [%zd, %zd)", what,
+                         value, low, high);
+        else
+            PyErr_Format(PyExc_ValueError, "%s at %zd is %R, not in [%zd, %zd)",
+                         what, position, value, low, high);
+        return -1;
+    }
+    *out = number;
+    return 0;
+}
+
 Py_ssize_t *
 index_array(PyObject *sequence, Py_ssize_t count, Py_ssize_t low, Py_ssize_t high,
             const char *what)
@@ -326,25 +357,18 @@ index_array(PyObject *sequence, Py_ssize_t count, Py_ssize_t low, Py_ssize_t hig
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = given != NULL ? NULL : PySequence_Fast_GET_ITEM(sequence, i);
-        if (item != NULL && !PyLong_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "%s must be ints, not %.100s", what,
-                         Py_TYPE(item)->tp_name);
+        if (given == NULL) {
+            if (index_in(PySequence_Fast_GET_ITEM(sequence, i), low, high, what, i,
+                         &items[i]) < 0)
+                goto fail;
+        }
+        else if (given[i] < low || given[i] >= high) {
+            PyErr_Format(PyExc_ValueError, "%s at %zd is %zd, not in [%zd, %zd)",
+                         what, i, given[i], low, high);
             goto fail;
         }
-        int overflow = 0;
-        items[i] = item == NULL ? given[i] : PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (item != NULL && items[i] == -1 && PyErr_Occurred())
-            goto fail;
-        if (overflow || items[i] < low || items[i] >= high) {
-            if (overflow)
-                PyErr_Format(PyExc_ValueError, "%s has %R at %zd, not in [%zd, %zd)",
-                             what, item, i, low, high);
-            else
-                PyErr_Format(PyExc_ValueError, "%s has %zd at %zd, not in [%zd, %zd)",
-                             what, items[i], i, low, high);
-            goto fail;
-        }
+        else
+            items[i] = given[i];
     }
     return items;
 fail:

@@ -12,28 +12,6 @@
 
 /* -- reading Python values -------------------------------------------------- */
 
-/* An int in [low, high), else an error naming ``what``. */
-static int
-int_in(PyObject *value, Py_ssize_t low, Py_ssize_t high, const char *what,
-       Py_ssize_t *out)
-{
-    if (!PyLong_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what,
-                     Py_TYPE(value)->tp_name);
-        return -1;
-    }
-    Py_ssize_t number = PyLong_AsSsize_t(value);
-    if (number == -1 && PyErr_Occurred())
-        return -1;
-    if (number < low || number >= high) {
-        PyErr_Format(PyExc_ValueError, "%s is %zd, not in [%zd, %zd)", what,
-                     number, low, high);
-        return -1;
-    }
-    *out = number;
-    return 0;
-}
-
 /* Operand ``position`` of graph node ``index``, with its index checked to
  * be in the graph (or OPERAND_EARLIER, OPERAND_VALUE). */
 static const Operand *
@@ -79,8 +57,8 @@ access_number(Node *node, Py_ssize_t *number)
         PyErr_SetString(PyExc_ValueError, "a malformed access node");
         return -1;
     }
-    return int_in(PyTuple_GET_ITEM(node->attrs, 0), 0, PY_SSIZE_T_MAX,
-                  "an access node's output", number);
+    return index_in(PyTuple_GET_ITEM(node->attrs, 0), 0, PY_SSIZE_T_MAX,
+                    "an access node's output", -1, number);
 }
 
 /* How many of ``nodes`` (a list) from the first are the very nodes the
@@ -380,8 +358,8 @@ kinds_read(PyObject *list, Py_ssize_t buffer_count, Py_ssize_t *count)
         for (Py_ssize_t n = 0; n < kind->output_count; n++) {
             PyObject *buffer = PyTuple_GET_ITEM(outputs, n);
             kind->output_buffers[n] = -1;
-            if (buffer != Py_None && int_in(buffer, 0, buffer_count, "an output's buffer",
-                                            &kind->output_buffers[n]) < 0)
+            if (buffer != Py_None && index_in(buffer, 0, buffer_count, "an output's buffer",
+                                              -1, &kind->output_buffers[n]) < 0)
                 goto fail;
         }
     }
@@ -483,8 +461,8 @@ fill(PyObject *module, PyObject *args)
             if (array_grow((void **)&members, &members_capacity, sizeof(Py_ssize_t)) < 0)
                 goto done;
         for (Py_ssize_t j = 0; j < size; j++) {
-            if (int_in(PyList_GET_ITEM(batch, j), 0, count, "a batch's node",
-                       &members[j]) < 0)
+            if (index_in(PyList_GET_ITEM(batch, j), 0, count, "a batch's node", j,
+                         &members[j]) < 0)
                 goto done;
             if (graph.type_of[members[j]] != graph.type_of[members[0]]) {
                 PyErr_Format(PyExc_ValueError, "batch %zd mixes node types", s);
