@@ -23,8 +23,9 @@ kind_of_entry(PyObject *entry, PyObject *entry_kind, PyObject *cache)
     return (int)value;
 }
 
-/* The last recorded multi-output pattern node (a plain one, not joined)
- * whose outputs ``node`` reads through access nodes, or NULL (borrowed). */
+/* The last recorded multi-output pattern node (a plain one, not joined,
+ * not evaluated) whose outputs ``node`` reads through access nodes, or
+ * NULL (borrowed). */
 static Node *
 latest_producer(Node *node, PyObject *access_entry, PyObject *entry_kind,
                 PyObject *cache, int *error)
@@ -38,7 +39,9 @@ latest_producer(Node *node, PyObject *access_entry, PyObject *entry_kind,
         if (access->entry != access_entry || access->input_count == 0)
             continue;   /* (an evaluated access node has no inputs) */
         PyObject *source = node_input(access, 0);
-        if (!is_node(source))
+        /* (A producer evaluated before, in a pipelined part, keeps its
+         * value: its outputs are read, not joined.) */
+        if (!is_node(source) || !unevaluated((Node *)source))
             continue;
         int kind = kind_of_entry(((Node *)source)->entry, entry_kind, cache);
         if (kind < 0) {

@@ -202,17 +202,18 @@ def _save_fsm_policy(policy):
         policy.save(context.parameters["fsm_table"])
 
 
-def evaluate_so_far():
-    """The innermost scope holds ``pipeline`` recorded nodes, and the next
-    op reads none (``_native.record`` calls this first; so no cell is cut
-    in two).  In inference, evaluate them now: their compiled program is
-    queued on the asynchronous executor (overlap.py) and runs on another
-    core while the user's code records the rest of the scope, whose close
-    waits for it.  Only nodes someone still references are evaluated, as
-    when a scope closes: that is every node a later op or the user can
-    read.  Otherwise (a tape could record: a node read by nothing later
-    would add its rows to a gradient; a granularity trial timing units;
-    nothing queues), not in this scope."""
+def evaluate_so_far(upto):
+    """The innermost scope holds ``pipeline`` recorded nodes, and its first
+    ``upto`` are whole instances: no op recorded after them read one that
+    was still unevaluated (``_native.record`` calls this; so no tree or
+    cell is cut in two).  In inference, evaluate them now: their compiled
+    program is queued on the asynchronous executor (overlap.py) and runs
+    on another core while the user's code records the rest of the scope,
+    whose close waits for it.  Only nodes someone still references are
+    evaluated, as when a scope closes: that is every node a later op or
+    the user can read.  Otherwise (a tape could record: a node read by
+    nothing later would add its rows to a gradient; a granularity trial
+    timing units; nothing queues), not in this scope."""
     if not (context.parameters["overlap"] and context.parameters["compile"]
             and context.parameters["scheduler"] != "none"
             and not concurrent.running and not could_record()
@@ -221,8 +222,9 @@ def evaluate_so_far():
         context.pause_pipeline()
         return
     pending = context.pending
-    recorded = _native.scope_leftovers(pending)
-    del pending[:]
+    part = pending[:upto]
+    del pending[:upto]
+    recorded = _native.scope_leftovers(part)
     # Compiled at first sight: a part is worth pipelining only compiled,
     # and a scope holds several parts of one key (waiting for the key to
     # be ``compile`` of the last 16 cost a 256-tree Tree-LSTM's inference

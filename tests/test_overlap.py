@@ -199,6 +199,74 @@ def test_an_error_in_a_pipelined_part_names_the_users_line(pipelined):
     np.testing.assert_allclose(lazy_losses(model, examples), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_pipelined_parts_end_between_trees(compiled, monkeypatch):
+    """A part ends where no later op reads back into it: before a tree's
+    first leaf, not before a right subtree's first leaf (whose parent would
+    read the left subtree's outputs from the part before, and run its
+    cell's ops as kinds of their own, in a program of their own).  The
+    limit's window (1/16 of it, 301 nodes) is longer than any of these
+    trees (at most 11 leaves, about 280 nodes)."""
+    from subgraphjit import _native, evaluate
+    from subgraphjit.context import context
+    rng = np.random.default_rng(12)
+    model = MODELS["tree_lstm"](rng)
+    cuts = []   # the id of the first node after each part
+
+    def evaluate_so_far(upto, evaluate_so_far=evaluate.evaluate_so_far):
+        pending = context.pending
+        cuts.append(pending[upto].id if upto < len(pending) else _native.next_node_id())
+        evaluate_so_far(upto)
+
+    monkeypatch.setattr(context, "pipeline_callback", evaluate_so_far)
+    previous = tf.get_parameter("pipeline")
+    tf.set_parameter("pipeline", 4800)
+    try:
+        for _ in range(3):
+            examples = model.random_examples(rng, 160)
+            expected = [float(model.loss(tensorflow, example)) for example in examples]
+            starts, losses = set(), []
+            with tf.batching():
+                for example in examples:
+                    starts.add(_native.next_node_id())
+                    losses.append(model.loss(tf, example))
+            np.testing.assert_allclose([float(loss) for loss in losses], expected,
+                                       rtol=1e-5, atol=1e-6)
+            assert cuts and set(cuts) <= starts, (cuts, sorted(starts))
+            cuts.clear()
+    finally:
+        overlap.end()
+        tf.set_parameter("pipeline", previous)
+    assert tf.stats()["pipelined_evaluations"] >= 3
+
+
+def test_one_long_instance_is_still_cut_into_parts(pipelined):
+    """One chain of 300 cells: every op reads back into the chain, so no
+    cut is clean; a part ends anyway once the scope holds twice the limit,
+    and the values equal eager TensorFlow's."""
+    rng = np.random.default_rng(13)
+    table = rng.normal(size=(20, 4)).astype(np.float32)
+    weight = rng.normal(size=(4, 4)).astype(np.float32) / 2
+    words = rng.integers(20, size=300).tolist()
+
+    def chain(module):
+        h = module.zeros((1, 4))
+        states = []
+        for word in words:
+            h = module.tanh(module.matmul(h, weight)
+                            + module.nn.embedding_lookup(table, [word]))
+            states.append(h)
+        return states
+
+    expected = [state.numpy() for state in chain(tensorflow)]
+    for _ in range(3):
+        tf.reset_stats()
+        with tf.batching():
+            states = chain(tf)
+        np.testing.assert_allclose(np.concatenate([np.asarray(s) for s in states]),
+                                   np.concatenate(expected), rtol=1e-5, atol=1e-6)
+    assert tf.stats()["pipelined_evaluations"] >= 2
+
+
 def test_pipeline_bookkeeping_refuses_bad_input():
     from subgraphjit import _native
     from subgraphjit.context import context
