@@ -120,10 +120,11 @@ PARAMETERS = {
     "pipeline": Parameter(
         40_000, int, lambda value: _positive_int(value) or value == 0,
         "in inference (no tape could record), once a scope holds this many "
-        "recorded nodes, evaluate them while the rest of the scope records: "
+        "recorded nodes, evaluate them, up to where no later op read back "
+        "(whole trees or sequences), while the rest of the scope records: "
         "their compiled program runs on another core (overlap.py), which "
         "needs 'overlap'; 0: a scope is evaluated only when it closes "
-        "(40,000, the default: about 64 trees of the SST Tree-LSTM, so a "
+        "(40,000, the default: about 60 trees of the SST Tree-LSTM, so a "
         "minibatch of 256 evaluates in four parts, one of 25 whole; see "
         "BENCHMARKS.md)"),
     "fsm_encoding": Parameter(
