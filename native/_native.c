@@ -608,8 +608,8 @@ static Py_ssize_t pending_limit;
  * subtree's outputs) leaves cells whose patterns reach into the part
  * before; their ops then run as kinds of their own, in programs of their
  * own (at 256 trees: 7-14 kinds a part, against 4 for a whole scope).
- * The clean ones, oldest first; an op reading an older node pops every
- * newer one.  A cut is taken once a window of 1/CUT_WINDOW of the limit
+ * The clean ones, oldest first (at most CUTS: the oldest are the ones
+ * taken); an op reading an older node pops every newer one.  A cut is taken once a window of 1/CUT_WINDOW of the limit
  * has been recorded after it and it is still clean: no instance of a
  * scope that holds ``pending_limit`` nodes is likely to read that far back
  * (the SST Tree-LSTM: 2,500 nodes at the default limit, against about 660

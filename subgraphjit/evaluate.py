@@ -204,9 +204,10 @@ def _save_fsm_policy(policy):
 
 def evaluate_so_far(upto):
     """The innermost scope holds ``pipeline`` recorded nodes, and its first
-    ``upto`` are whole instances: no op recorded after them read one that
-    was still unevaluated (``_native.record`` calls this; so no tree or
-    cell is cut in two).  In inference, evaluate them now: their compiled
+    ``upto`` end where a new instance began: no op recorded after them
+    read one still unevaluated (``_native.record`` calls this; so no tree
+    is cut in two; past twice the limit with no such point, all of them).
+    In inference, evaluate them now: their compiled
     program is queued on the asynchronous executor (overlap.py) and runs
     on another core while the user's code records the rest of the scope,
     whose close waits for it.  Only nodes someone still references are
