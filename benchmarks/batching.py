@@ -4,15 +4,15 @@ Training (forward, backward and an Adagrad update) and inference, at each
 batch size, for: plain eager TensorFlow per instance; eager with the cells
 in tf.function; a hand-batched TensorFlow version (level by level), eager
 and with its whole step in tf.function (traced once per tree height); DyNet
-with autobatching, agenda and depth (if ``dynet38`` is installed; run in
-subprocesses); and subgraphjit with each scheduler and granularity (ops, or
+with autobatching, agenda and depth (if ``dynet38`` is installed); and subgraphjit with each scheduler and granularity (ops, or
 frequent subgraphs as units), every batch its own launch (``compile`` 0),
 and with agenda, each evaluation run as one compiled program once its key
 recurs (``compiled``: ``compile`` 4); and with every parameter at its
 default (``subgraphjit defaults``, its warm-up running passes until
 ``auto`` has chosen its granularity for training and for inference,
-shown beside it).  Ratios are to plain
-eager TensorFlow, measured in this run.  Also prints the compute floor: the
+shown beside it).  Each system runs in a process of its own, one after
+another (in one process, a system ran slower after another).  Ratios are
+to plain eager TensorFlow, measured in this run.  Also prints the compute floor: the
 model's FLOPs per sentence over the measured single-thread matmul rate.
 
     python benchmarks/batching.py                      # 2,000 trees, batch 25 and 256
@@ -49,6 +49,8 @@ from experiments.treelstm import TreeLSTM, train_step  # noqa: E402
 
 
 DEFAULTS = "subgraphjit defaults"
+# Systems that encode one tree at a time, timed on ``--eager-trees`` trees.
+PER_INSTANCE = {"eager TensorFlow", "eager, cells in tf.function"}
 
 
 class Passes(typing.NamedTuple):
@@ -147,6 +149,51 @@ def compiled_hand_batched_system(make_model):
     return passes
 
 
+def measure(name, system, trees, vocabulary, arguments):
+    """One system's row at ``arguments.batch_sizes[0]``: its warm-up, then
+    the median training and inference rates (and, for subgraphjit, what
+    its granularity trials chose and measured)."""
+    batch_size = arguments.batch_sizes[0]
+    subset = trees[:arguments.eager_trees] if name in PER_INSTANCE else trees
+    minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
+    train, infer, model = system(minibatches, vocabulary)
+    subgraphjit.reset_stats()
+    started = time.perf_counter()
+    train(), infer()  # warm up: traces, caches, compiled programs
+    trials = refused = None
+    if name == DEFAULTS:   # and the granularity trials, however long
+        while len(subgraphjit.stats()["granularity_chosen"]) < 2:
+            train(), infer()
+        chosen = subgraphjit.stats()["granularity_chosen"]
+        name = f"{name} ({chosen['training']}, {chosen['inference']})"
+        trials = subgraphjit.stats()["granularity_trial"]
+        refused = dict(subgraphjit.stats()["programs_not_compiled"])
+    warm_up = time.perf_counter() - started
+    programs = subgraphjit.stats()["programs_compiled"]
+    return {"name": name, "train": median_rate(train, len(subset), arguments.passes),
+            "infer": median_rate(infer, len(subset), arguments.passes),
+            "front_end": (front_end_rate(model, minibatches, vocabulary)
+                          if name.startswith("subgraphjit") else None),
+            "warm_up": warm_up, "programs": programs, "trials": trials,
+            "refused": refused}
+
+
+def in_own_process(name, batch_size, arguments):
+    """``measure`` in a process of its own: run one after another in one
+    process, a system ran slower after another (our inference at batch 25:
+    16.1 ms a minibatch alone, 22.3 after the hand-batched version, every
+    phase slower alike; BENCHMARKS.md), so no row depends on the rows
+    before it."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "batching.py"),
+               "--system", name, "--batch-sizes", str(batch_size),
+               "--trees", str(arguments.trees), "--passes", str(arguments.passes),
+               "--eager-trees", str(arguments.eager_trees)]
+    output = subprocess.run(command, capture_output=True, text=True)
+    if output.returncode != 0:
+        sys.exit(f"{name} at batch {batch_size} failed:\n{output.stderr[-3000:]}")
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
 def dynet_rates(strategy, batch_size, arguments):
     command = [sys.executable, str(ROOT / "benchmarks" / "dynet_treelstm.py"),
                "--dynet-autobatch", str(strategy), "--batch-size", str(batch_size),
@@ -181,6 +228,7 @@ def main():
     parser.add_argument("--systems", nargs="*", default=None,
                         help="run only the systems whose names contain one of "
                              "these (eager TensorFlow, the ratios' base, always runs)")
+    parser.add_argument("--system", default=None, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
 
     trees = sst.load_split("train", limit=arguments.trees)
@@ -224,13 +272,16 @@ def main():
         systems = {name: system for name, system in systems.items()
                    if name == "eager TensorFlow" or any(
                        wanted in name for wanted in arguments.systems)}
-    per_instance = {"eager TensorFlow", "eager, cells in tf.function"}
     has_dynet = importlib.util.find_spec("dynet") is not None
     dynet_strategies = [(strategy, label) for strategy, label in ((1, "agenda"), (2, "depth"))
                         if not arguments.systems or any(
                             wanted in f"DyNet autobatch {label}"
                             for wanted in arguments.systems)]
 
+    if arguments.system is not None:   # (a child process: one system, one size)
+        print(json.dumps(measure(arguments.system, systems[arguments.system], trees,
+                                 vocabulary, arguments)))
+        return
     rate, floor_train, floor_infer = compute_floor(trees)
     print(f"SST Tree-LSTM, embedding 300, hidden 150, first {len(trees)} training "
           f"trees, 1 thread, median of {arguments.passes} passes")
@@ -239,28 +290,13 @@ def main():
 
     for batch_size in arguments.batch_sizes:
         rows, eager, trials, refused = [], None, None, None
-        for name, system in systems.items():
-            subset = trees[:arguments.eager_trees] if name in per_instance else trees
-            minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
-            train, infer, model = system(minibatches, vocabulary)
-            subgraphjit.reset_stats()
-            started = time.perf_counter()
-            train(), infer()  # warm up: traces, caches, compiled programs
-            if name == DEFAULTS:   # and the granularity trials, however long
-                while len(subgraphjit.stats()["granularity_chosen"]) < 2:
-                    train(), infer()
-                chosen = subgraphjit.stats()["granularity_chosen"]
-                name = f"{name} ({chosen['training']}, {chosen['inference']})"
-                trials = subgraphjit.stats()["granularity_trial"]
-                refused = dict(subgraphjit.stats()["programs_not_compiled"])
-            warm_up = time.perf_counter() - started
-            programs = subgraphjit.stats()["programs_compiled"]
-            speeds = (median_rate(train, len(subset), arguments.passes),
-                      median_rate(infer, len(subset), arguments.passes))
-            eager = eager or speeds
-            front_end = (front_end_rate(model, minibatches, vocabulary)
-                         if name.startswith("subgraphjit") else None)
-            rows.append((name, *speeds, front_end, warm_up, programs))
+        for name in systems:
+            row = in_own_process(name, batch_size, arguments)
+            eager = eager or (row["train"], row["infer"])
+            trials = row["trials"] or trials
+            refused = row["refused"] or refused
+            rows.append((row["name"], row["train"], row["infer"], row["front_end"],
+                         row["warm_up"], row["programs"]))
         if has_dynet:
             for strategy, label in dynet_strategies:
                 speeds = dynet_rates(strategy, batch_size, arguments)
