@@ -4,16 +4,18 @@ Training (forward, backward and an Adagrad update) and inference, at each
 batch size, for: plain eager TensorFlow per instance; eager with the cells
 in tf.function; a hand-batched TensorFlow version (level by level), eager
 and with its whole step in tf.function (traced once per tree height); DyNet
-with autobatching, agenda and depth (if ``dynet38`` is installed); and subgraphjit with each scheduler and granularity (ops, or
-frequent subgraphs as units), every batch its own launch (``compile`` 0),
+with autobatching, agenda and depth (if ``dynet38`` is installed); and
+subgraphjit with each scheduler and granularity (ops, or frequent
+subgraphs as units), every batch its own launch (``compile`` 0),
 and with agenda, each evaluation run as one compiled program once its key
 recurs (``compiled``: ``compile`` 4); and with every parameter at its
 default (``subgraphjit defaults``, its warm-up running passes until
 ``auto`` has chosen its granularity for training and for inference,
 shown beside it).  Each system runs in a process of its own, one after
 another (in one process, a system ran slower after another).  Ratios are
-to plain eager TensorFlow, measured in this run.  Also prints the compute floor: the
-model's FLOPs per sentence over the measured single-thread matmul rate.
+to plain eager TensorFlow, measured in this run.  Also prints the compute
+floor: the model's FLOPs per sentence over the measured single-thread
+matmul rate.
 
     python benchmarks/batching.py                      # 2,000 trees, batch 25 and 256
     python benchmarks/batching.py --trees 500 --passes 1   # quicker
@@ -188,17 +190,21 @@ def in_own_process(name, batch_size, arguments):
                "--system", name, "--batch-sizes", str(batch_size),
                "--trees", str(arguments.trees), "--passes", str(arguments.passes),
                "--eager-trees", str(arguments.eager_trees)]
-    output = subprocess.run(command, capture_output=True, text=True)
-    if output.returncode != 0:
-        sys.exit(f"{name} at batch {batch_size} failed:\n{output.stderr[-3000:]}")
-    return json.loads(output.stdout.strip().splitlines()[-1])
+    return last_line_json(command, f"{name} at batch {batch_size}")
 
 
 def dynet_rates(strategy, batch_size, arguments):
     command = [sys.executable, str(ROOT / "benchmarks" / "dynet_treelstm.py"),
                "--dynet-autobatch", str(strategy), "--batch-size", str(batch_size),
                "--trees", str(arguments.trees), "--passes", str(arguments.passes)]
-    output = subprocess.run(command, capture_output=True, text=True, check=True)
+    return last_line_json(command, f"DyNet's strategy {strategy} at batch {batch_size}")
+
+
+def last_line_json(command, what):
+    """The JSON a child process printed last; its error output if it failed."""
+    output = subprocess.run(command, capture_output=True, text=True)
+    if output.returncode != 0:
+        sys.exit(f"{what} failed:\n{output.stderr[-3000:]}")
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
