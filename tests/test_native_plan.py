@@ -60,9 +60,13 @@ class ReferenceFill:
             kind_number = self.kind_of_type[graph.type_of[batch[0]]]
             kind = program.kinds[kind_number]
             step = [kind_number, len(batch), len(self.rows)]
+            read = []   # (buffer, row) of each operand row
             for position, (operand_kind, buffer) in enumerate(kind.operands):
                 if operand_kind == plans.ROWS:
-                    self.rows.extend(self._rows(batch, position, buffer))
+                    rows = self._rows(batch, position, buffer)
+                    self.rows.extend(rows)
+                    read += [(buffer, row) for row in rows]
+            step.append(int(len(set(read)) == len(read)))   # distinct
             output_starts = [0] * outputs_width
             for number, buffer in enumerate(kind.outputs):
                 if buffer is not None:

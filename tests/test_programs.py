@@ -16,6 +16,7 @@ import pytest
 import tensorflow
 
 import subgraphjit as tf
+from subgraphjit import _native
 from subgraphjit.batcher import execute, plan as plans, program
 from subgraphjit.batcher.graph import BatchGraph
 from subgraphjit.batcher.schedulers import SCHEDULERS
@@ -285,7 +286,7 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
     written = [0] * len(program.buffers)
     inputs = [len(values) + len(nodes) for values, nodes in
               zip(program.input_values, program.input_nodes)]
-    for kind_number, count, start, *output_starts in program.steps:
+    for kind_number, count, start, _, *output_starts in program.steps:
         kind = program.kinds[kind_number]
         for operand_kind, buffer in kind.operands:
             if operand_kind == plans.ROWS:
@@ -613,6 +614,39 @@ def test_weight_gradients_summed_after_the_loop_give_eager_gradients(compiled):
         return module.add_n(terms)
 
     assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, np.float32)
+
+
+@pytest.mark.parametrize("granularity", ["op", "subgraph"])
+def test_a_backward_adds_every_gradient_of_a_row_read_twice_in_a_step(
+        compiled, monkeypatch, granularity):
+    """The backward adds a step's operand gradients into their rows by
+    reading, adding and writing back only where the plan says the step's
+    rows are distinct; a node every instance reads (here ``shared``) is one
+    row read several times by one step, whose gradients must all be
+    added.  Both kinds of step occur, and the values and gradients are
+    eager TensorFlow's."""
+    tf.set_parameter("granularity", granularity)
+    rng = np.random.default_rng(31)
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+    flags = []
+    run = program.run
+
+    def recorded_run(the_program, *arguments, **keywords):
+        flags.extend(the_program.steps[:, _native.STEP_DISTINCT].tolist())
+        return run(the_program, *arguments, **keywords)
+    monkeypatch.setattr(program, "run", recorded_run)
+
+    def loss(module, rows):
+        rows = [module.identity(row) for row in rows]
+        shared = module.tanh(module.matmul(rows[0], weight))
+        return module.add_n([module.reduce_sum(
+            module.sigmoid(module.matmul(row, weight)) * shared) for row in rows])
+
+    for _ in range(2):
+        rows = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(4)]
+        _assert_as_eager(loss, rows, [weight])
+    assert tf.stats()["program_runs"] >= 1
+    assert 0 in flags and 1 in flags, flags
 
 
 def _assert_as_eager(function, instances, variables):

@@ -332,7 +332,9 @@ class _Compiled:
         self.sums = {number: _scratch(value.shape, dtype_of(value))
                      for number, value in enumerate(self.shared.values)
                      if _trainable(dtype_of(value)) and number not in self.sparse}
-        self.width = 3 + max(len(kind.outputs) for kind in self.kinds)
+        # A step's row of the table: kind, count, start of its operand rows,
+        # whether they are distinct, its outputs' starts (native/plan.c).
+        self.width = _native.STEP_OUTPUTS + max(len(kind.outputs) for kind in self.kinds)
         # The forward keeps each step's products in a list per dtype, at
         # place step * KEPT_PRODUCTS + j for its j-th product; ``kept``:
         # (kind number, j) -> (list number, static shape), as traced.
@@ -587,8 +589,9 @@ class _Compiled:
                 else:
                     flat = tf.reshape(tf.gather(matrix, [place for place, _ in members]), [-1])
                 operand_rows.append((buffer, [position for _, position in members], flat))
-        places = [None if buffer is None else tf.range(info[3 + number],
-                                                       info[3 + number] + count)
+        first = _native.STEP_OUTPUTS
+        places = [None if buffer is None else tf.range(info[first + number],
+                                                       info[first + number] + count)
                   for number, buffer in enumerate(kind.outputs)]
         return operand_rows, places
 
@@ -763,8 +766,8 @@ class _Compiled:
         for number, gradient in zip(watched, gradients):
             if gradient is not None:
                 buffer, _, flat = operand_rows[number]
-                self.adjoints[buffer].scatter_add(tf.IndexedSlices(
-                    tf.convert_to_tensor(gradient), flat))
+                _add_rows(self.adjoints[buffer], tf.convert_to_tensor(gradient), flat,
+                          info[_native.STEP_DISTINCT])
         of_shared = dict(zip(used, gradients[len(watched):len(watched) + len(used)]))
         for number, total in self.sums.items():
             if of_shared.get(number) is not None:
@@ -869,6 +872,23 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _add_rows(adjoint, gradient, rows, distinct):
+    """``adjoint[rows] += gradient``.  Where the step's rows are
+    ``distinct`` (the plan's flag: no row twice), by reading the rows,
+    adding and writing them back: TensorFlow's scatter_add on the CPU adds
+    row by row, and took 8.5 ms of a 256-tree backward that this does in
+    about a third (BENCHMARKS.md).  Rows repeated (an operand read twice,
+    two instances reading one node) need scatter_add, which sums them."""
+    def read_added():
+        adjoint.scatter_update(tf.IndexedSlices(adjoint.sparse_read(rows) + gradient, rows))
+        return tf.constant(0)
+
+    def added():
+        adjoint.scatter_add(tf.IndexedSlices(gradient, rows))
+        return tf.constant(0)
+    tf.cond(distinct > 0, read_added, added)
 
 
 def _stacked(nodes):
