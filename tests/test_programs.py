@@ -564,8 +564,15 @@ def test_a_pattern_looking_up_a_variables_rows_keeps_an_entry_each(compiled):
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
 
     def loss(module, rows):
-        terms = [module.reduce_sum(module.tanh(module.matmul(
-            module.gather(table, 2) * row, weight))) for row in rows]
+        terms = []
+        for row in rows:
+            value = module.tanh(module.matmul(module.gather(table, 2) * row, weight))
+            # Deeper than a signature (depth 8) from the sum of losses,
+            # whose subgraph the collection skips: the gather's pattern is
+            # found under it.
+            for _ in range(7):
+                value = module.tanh(value)
+            terms.append(module.reduce_sum(value))
         return module.add_n(terms)
 
     assert_compiled_pattern_matches_eager(loss, [table, weight], rng, np.float32)
@@ -672,6 +679,7 @@ def assert_compiled_pattern_matches_eager(loss, variables, rng, dtype):
     def on_nodes(module, rows):   # (rows recorded, under subgraphjit)
         return loss(module, [module.identity(row) for row in rows])
 
+    tf.reset_stats()
     for _ in range(3):
         rows = [rng.normal(size=(1, 3)).astype(dtype) for _ in range(4)]
         _assert_as_eager(on_nodes, rows, variables)
