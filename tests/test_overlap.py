@@ -279,6 +279,7 @@ def test_pipeline_bookkeeping_refuses_bad_input():
         context.pending = context.pending   # (gives the recorder its own again)
     with pytest.raises(ValueError):
         _native.restore(object())   # not the capsule write_back gives
+    overlap.end()   # (a test's tape.gradient before this one queues until then)
     with pytest.raises(RuntimeError):
         overlap.hold([], None)   # nothing is queued
 
