@@ -609,8 +609,9 @@ static Py_ssize_t pending_limit;
  * before; their ops then run as kinds of their own, in programs of their
  * own (at 256 trees: 7-14 kinds a part, against 4 for a whole scope).
  * The clean ones, oldest first (at most CUTS: the oldest are the ones
- * taken); an op reading an older node pops every newer one.  A cut is taken once a window of 1/CUT_WINDOW of the limit
- * has been recorded after it and it is still clean: no instance of a
+ * taken); an op reading an older node pops every newer one.  A cut is
+ * taken once a window of 1/CUT_WINDOW of the limit has been recorded
+ * after it and it is still clean: no instance of a
  * scope that holds ``pending_limit`` nodes is likely to read that far back
  * (the SST Tree-LSTM: 2,500 nodes at the default limit, against about 660
  * a tree and 1,700 for the longest sentence of 52 words).  The window's
@@ -673,14 +674,16 @@ cut_pending(Py_ssize_t position)
 }
 
 /* Before an op on ``inputs`` is recorded (every node recorded so far is
- * whole): keep the clean cuts clean, and end a part where one is due. */
+ * whole): keep the clean cuts clean, and end a part where one is due.
+ * (Cuts are taken only past the limit, and forgotten whenever the list
+ * shrinks or changes, so a list under the limit has none.) */
 static int
 pending_full_check(PyObject *inputs)
 {
     if (pending_limit == 0 || pending_nodes == NULL || !PyList_CheckExact(pending_nodes))
         return 0;
     Py_ssize_t size = PyList_GET_SIZE(pending_nodes);
-    if (size < pending_limit && cut_count == 0)
+    if (size < pending_limit)
         return 0;
     int reads_node = 0;
     long long oldest = LLONG_MAX;   /* the oldest unevaluated node read */
@@ -694,8 +697,6 @@ pending_full_check(PyObject *inputs)
     }
     while (cut_count > 0 && cuts[cut_count - 1].id > oldest)
         cut_count--;
-    if (size < pending_limit)
-        return 0;
     long long window = pending_limit / CUT_WINDOW + 1;
     if (cut_count > 0 && next_id - cuts[0].id >= window)
         return cut_pending(Py_MIN(cuts[0].position, size));
