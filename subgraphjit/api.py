@@ -5,7 +5,7 @@ import sys
 import tensorflow as tf
 
 from . import concurrent, eager_scopes, overlap
-from .batcher.program import PROGRAMS
+from .batcher.program import PROGRAMS, could_record
 from .context import context
 from .evaluate import build, evaluate
 from .forced import ForcedEvaluationWarning
@@ -123,7 +123,10 @@ class GradientTape(tf.GradientTape):
             context.close_scope()
             eager_scopes.leave(self._judged, failed=True)
             raise
-        context.tapes += 1
+        context.tapes.append(self)
+        # The gradients computed ahead for results recorded on this tape,
+        # by the result's id: (result, Speculation) (batcher/program.py).
+        self._speculations = {}
         return entered
 
     def __exit__(self, kind, error, traceback):
@@ -134,7 +137,7 @@ class GradientTape(tf.GradientTape):
                 evaluate(recorded, required=())
                 failed = False
         finally:
-            context.tapes -= 1
+            context.tapes.remove(self)
             eager_scopes.leave(self._judged, failed)
             result = super().__exit__(kind, error, traceback)
         return result
@@ -142,13 +145,53 @@ class GradientTape(tf.GradientTape):
     def watch(self, tensor):
         return super().watch(build(tensor))
 
-    def gradient(self, target, sources, *args, **kwargs):
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
         target, sources = self._built(target), self._built(sources)
         if context.parameters["mode"] == "lazy":
             # The backward and what follows queue, to run while the next
             # minibatch records (overlap.py).
             overlap.begin()
-        return super().gradient(target, sources, *args, **kwargs)
+        if output_gradients is None and unconnected_gradients in (
+                tf.UnconnectedGradients.NONE, "none"):
+            speculated = self._speculated_gradients(target, sources)
+            if speculated is not None:
+                return speculated
+        return super().gradient(target, sources, output_gradients, unconnected_gradients)
+
+    def speculated(self, result, speculation):
+        """Keep ``speculation``, the gradients of ``result`` (a tensor)
+        with respect to the variables, if this tape saw the op that made
+        it (it is recording)."""
+        if self._recording:
+            self._speculations[id(result)] = (result, speculation)
+
+    def _speculated_gradients(self, target, sources):
+        """The gradients of ``target`` computed ahead, if they are what
+        TensorFlow's tape gives: the target is the result they were
+        computed for, every source a variable of floats, and no tape
+        records now (which would record the backward's ops; a tape in
+        its block records its own).  A source this tape did not watch, or
+        the program did not read, gets None, as from the tape.  Else None:
+        TensorFlow's tape differentiates."""
+        kept = getattr(self, "_speculations", {}).get(id(target))
+        if (kept is None or kept[0] is not target or self._tape is None
+                or self._recording or could_record()):
+            return None
+        flat = tf.nest.flatten(sources)
+        if not all(isinstance(source, tf.Variable) and source.dtype.is_floating
+                   for source in flat):
+            return None
+        speculation = kept[1]
+        watched = {id(variable.handle) for variable in self._tape.watched_variables()}
+        gradients = [speculation.gradients.get(id(source.handle))
+                     if id(source.handle) in watched else None for source in flat]
+        if not self._persistent:   # (as TensorFlow's gradient does)
+            self._watched_variables = self._tape.watched_variables()
+            self._tape = None
+        speculation.used = True
+        context.batching["speculations_used"] += 1
+        return tf.nest.pack_sequence_as(sources, gradients)
 
     def jacobian(self, target, sources, *args, **kwargs):
         return super().jacobian(self._built(target), self._built(sources),

@@ -195,7 +195,7 @@ class Context:
         # seconds per node of each unit (search.Trial).
         self.granularity_chosen = {}
         self.granularity_trial = {}
-        self.tapes = 0   # our GradientTapes open
+        self.tapes = []   # our GradientTapes open, innermost last
         # The FSM scheduler's learned policy (batcher/schedulers/fsm.py), made
         # on first use; a new one is learned when its settings change.
         self.fsm_policy = None
@@ -319,6 +319,9 @@ class Context:
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,
+            # Training programs' backwards queued behind their forwards,
+            # and those whose gradients tape.gradient took (program.py).
+            "backwards_speculated": 0, "speculations_used": 0,
             # Evaluations with nothing or little to batch, run op by op in
             # recording order (batcher/execute.py, little_to_share).
             "unshared_evaluations": 0, "unshared_nodes": 0,

@@ -115,6 +115,23 @@ def end():
     raise failed
 
 
+def discard():
+    """Wait for the queued ops and return to synchronous execution,
+    dropping the queue's failure: for a queue that held only ops of an
+    evaluation about to run anew, step by step, where they fail again and
+    name the user's line."""
+    synchronous = getattr(_thread, "synchronous", None)
+    if synchronous is None:
+        return
+    _thread.synchronous, _thread.promised = None, {}
+    try:
+        _thread.queue.wait()
+    except Exception:
+        _thread.queue.clear_error()
+    finally:
+        _eager()[0].context().executor = synchronous
+
+
 @contextlib.contextmanager
 def in_place():
     """Run the block's ops where they are called, not queued, without

@@ -59,13 +59,16 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
             the_program.fill()
     # The previous minibatch's backward and update ran meanwhile: wait for
     # them here, before any op of this evaluation runs (unless this one
-    # queues too).
+    # queues too).  A training program's forward is then queued, and its
+    # backward behind it (program.run).
     queued = pipelined and compiled is not None
     if queued:
         overlap.begin()
         queued = overlap.active()
     if not queued:
         overlap.end()
+        if compiled is not None and recording:
+            overlap.begin()
     analysed = time.perf_counter()
     if compiled is not None:
         try:
@@ -75,6 +78,8 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
                 # The queue failed earlier (an op refuses a failed queue):
                 # end() raises that failure, its nodes run anew.
                 overlap.end()
+            # (A training program's queue held only its own ops.)
+            overlap.discard()
             # A bad value in some instance: run step by step, whose error
             # names the instance's own line.
             compiled = None

@@ -44,6 +44,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from .. import _native, overlap
+from ..context import context
 from ..ir import spec as specs
 from ..ir.spec import dtype_of, is_variable
 from ..ir.table import ACCESS, LOOKUP, PATTERN_KINDS, WHOLE
@@ -803,10 +804,11 @@ class _Compiled:
     # -- one call --------------------------------------------------------------
     def __call__(self, program, recording):
         """The program's buffers, computed; while a tape could record
-        (``recording``), one op whose gradient is the backward call.  Only
-        what can carry a gradient to the user passes through that op: rows
-        of nodes evaluated earlier (in trainable buffers), shared tensors
-        and the variables."""
+        (``recording``), a ``_Forward``: the buffers, and the one op whose
+        gradient is the backward call, for the tapes.  Only what can carry
+        a gradient to the user passes through that op: rows of nodes
+        evaluated earlier (in trainable buffers), shared tensors and the
+        variables."""
         arrays = [tf.constant(program.steps), tf.constant(program.rows),
                   tf.constant(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
@@ -814,12 +816,9 @@ class _Compiled:
         # the compiled ones (their ids are in the key), tensors this
         # minibatch's own (only their dtype and shape are).
         values = _Shared(program).values
-        # A variable's read is an op the tape records (and a
-        # tf.custom_gradient's VariableWatcher sees): the gradient given
-        # for the value read reaches the variable, an IndexedSlices as is.
-        given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
-                 else values[number] for number in self.given]
         if not recording:   # inference: no gradient to join to a tape
+            given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
+                     else values[number] for number in self.given]
             return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
@@ -827,17 +826,31 @@ class _Compiled:
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
-        # A table the tapes see looked up, as a sparse_read tells them:
-        # its gradient, for its handle, reaches the variable.
+        # The op reads each variable's handle, as a sparse_read does a
+        # table's: the tapes see the variable accessed, and the gradient
+        # for the handle reaches the variable, as the gradient of a read
+        # value does.  The reads themselves run with the tapes paused: a
+        # read they recorded would wait for its value, and this call is
+        # queued behind the previous minibatch's update (execute.py).  (A
+        # Keras variable, which wraps one, is read as before.)
+        by_handle = {number for number in self.given
+                     if variable_accessed is not None
+                     and isinstance(values[number], tf.Variable)}
         tables = [number for number in self.tables if number in used]
-        for number in tables:
-            variable_accessed(values[number])
+        watched = [values[number] for number in sorted(by_handle) + tables]
+        given = [values[number] if number in by_handle or not is_variable(values[number])
+                 else tf.convert_to_tensor(values[number]) for number in self.given]
         with _tape.stop_recording():
+            given = [tf.convert_to_tensor(value) if number in by_handle else value
+                     for number, value in zip(self.given, given)]
             outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
+        for variable in watched:
+            variable_accessed(variable)
         buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
 
         def gradient(*upstream):
-            adjoints = [tf.zeros_like(buffers[b]) if upstream[b] is None
+            # (ZerosLike asks the buffer nothing: it may still be queued.)
+            adjoints = [tf.raw_ops.ZerosLike(x=buffers[b]) if upstream[b] is None
                         else tf.convert_to_tensor(upstream[b])
                         for b in self.trainable]
             # (Queued since GradientTape.gradient: overlap.py.)
@@ -850,14 +863,17 @@ class _Compiled:
                 for number, value in zip(self.given, given)] + [
                 _gradient(values[number], shared_gradients[number]) for number in tables]
 
-        # One op on the tapes watching its inputs: the program, whose
-        # gradient is the backward call (upstream per output -> one per
-        # input, or None).  The forward ran with the tapes paused, so they
-        # hold none of the loop's ops.
-        _tape.record_operation("subgraphjit_program", buffers,
-                               [inputs[b] for b in carried] + given
-                               + [values[number].handle for number in tables], gradient)
-        return buffers
+        tape_inputs = ([inputs[b] for b in carried]
+                       + [values[number].handle if number in by_handle else value
+                          for number, value in zip(self.given, given)]
+                       + [values[number].handle for number in tables])
+        # Every input that can carry a gradient is a variable's handle: the
+        # gradient of a result with respect to the variables is the
+        # backward's alone (``_Forward.speculate``).
+        direct = not carried and all(
+            number in by_handle or number not in used or not _trainable(dtype_of(value))
+            for number, value in zip(self.given, given))
+        return _Forward(self, buffers, tape_inputs, gradient, direct)
 
     def _inputs(self, program, buffer):
         """The rows that follow a buffer's computed ones: stacked Python
@@ -1019,6 +1035,96 @@ def _each_instance(kind, values, flags, count):
     return results if op_entry.multi_output else results[0]
 
 
+class _Forward:
+    """A training program's forward call: its buffers, and its op for the
+    tapes (``record``), whose gradient is the backward call.  ``direct``:
+    every input that can carry a gradient is a variable's handle."""
+
+    def __init__(self, compiled, buffers, tape_inputs, gradient, direct):
+        self.compiled, self.buffers = compiled, buffers
+        self.tape_inputs, self.gradient, self.direct = tape_inputs, gradient, direct
+
+    def record(self):
+        """The op, on the tapes.  (They ask for the buffers' shapes, which
+        waits for a queued forward.)"""
+        _tape.record_operation("subgraphjit_program", self.buffers, self.tape_inputs,
+                               self.gradient)
+
+    def speculate(self, buffer, row):
+        """The backward of one row of a buffer, queued now, as
+        ``tape.gradient`` of that row would run it: its upstream gradient
+        ones at the row and zeros elsewhere (what TensorFlow's tape gives
+        the op for a slice's ones).  Returns a Speculation."""
+        dtype, shape = self.compiled.buffers[buffer]
+        # (Made from NumPy values: tf.ones asks its tensor's shape, which
+        # waits for the queue.)
+        seed = tf.raw_ops.TensorScatterUpdate(
+            tensor=tf.raw_ops.ZerosLike(x=self.buffers[buffer]),
+            indices=tf.constant(np.array([[row]], np.int32)),
+            updates=tf.constant(np.ones((1, *shape), dtype.as_numpy_dtype)))
+        upstream = [None] * len(self.buffers)
+        upstream[buffer] = seed
+        gradients = self.gradient(*upstream)
+        return Speculation({id(handle): gradient
+                            for handle, gradient in zip(self.tape_inputs, gradients)
+                            if gradient is not None and handle.dtype == tf.resource})
+
+
+class Speculation:
+    """The gradients of a training evaluation's one result with respect to
+    the variables its program read (by the id of each one's handle),
+    computed by a backward queued right behind the forward, before the
+    user asks: ``tape.gradient(loss, variables)`` takes them
+    (api.GradientTape) instead of waiting for the forward, running
+    TensorFlow's tape and only then queueing the backward, while the
+    other core idled (2.5 ms of a 25-tree training step)."""
+
+    def __init__(self, gradients):
+        self.gradients, self.used = gradients, False
+
+
+class _Speculating:
+    """Whether to speculate: a backward nobody took cost as much as the
+    forward, so after one, the next 1, 2, 4, ... (at most 64) training
+    evaluations do not speculate."""
+
+    LONGEST_PAUSE = 64
+
+    def __init__(self):
+        self.last, self.pause, self.waiting = None, 0, 0
+
+    def allowed(self):
+        if self.last is not None and not self.last.used:
+            self.pause = min(max(1, 2 * self.pause), self.LONGEST_PAUSE)
+            self.waiting = self.pause
+        elif self.last is not None:
+            self.pause = 0
+        self.last = None
+        if self.waiting:
+            self.waiting -= 1
+            return False
+        return True
+
+
+SPECULATING = _Speculating()
+
+
+def _speculate(forward, results, statistics):
+    """The Speculation for the one result of a training evaluation, if the
+    program's inputs let its backward alone give its gradients
+    (``_Forward.direct``) and the result is a plain row of a buffer of
+    floats; else None."""
+    if not forward.direct or len(results) != 1 or not SPECULATING.allowed():
+        return None
+    source, row = results[0].location()
+    buffer = next((b for b, tensor in enumerate(forward.buffers) if tensor is source), None)
+    if buffer is None or row is None or not forward.compiled.buffers[buffer][0].is_floating:
+        return None
+    speculation = SPECULATING.last = forward.speculate(buffer, int(row))
+    statistics["backwards_speculated"] += 1
+    return speculation
+
+
 def run(program, compiled, graph, statistics, recording, queued=False):
     """Run ``program`` with its compiled form and leave each node's value as
     its row of a buffer (``_native.write_back``: a loop over every node).
@@ -1028,7 +1134,9 @@ def run(program, compiled, graph, statistics, recording, queued=False):
     rows of their own).  ``queued``: the call is queued (overlap.py), so
     the operands the nodes drop are held until it has run
     (``overlap.hold``).  ``recording``: a tape could record (``could_record``)."""
-    outputs = compiled(program, recording)
+    outputs = forward = compiled(program, recording)
+    if recording:
+        outputs = forward.buffers
     statistics["program_runs"] += 1
     statistics["program_steps"] += len(program.steps)
     statistics["batches"] += len(program.steps)
@@ -1045,15 +1153,26 @@ def run(program, compiled, graph, statistics, recording, queued=False):
     if queued:
         results, operands = results
         overlap.hold(graph.nodes, operands)
+    if not recording:
+        # With no tape (inference) rows stay rows of their buffer until
+        # read: a slice each, at once, cost 6 ms of a 256-tree minibatch's
+        # 144.
+        return
+    # Behind a queued forward, its backward for the one result (the loss),
+    # before the tapes wait for the forward.
+    speculation = _speculate(forward, results, statistics)
+    forward.record()
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
-    # is taken now, while the tape sees the op.  With no tape (inference)
-    # rows stay rows of their buffer until read: a slice each, at once,
-    # cost 6 ms of a 256-tree minibatch's 144.  (TensorFlow says whether
-    # a tape could record only privately; without it, rows are taken.)
-    if recording:
+    # is taken now, while the tapes see the op, where it is called (not
+    # queued behind the backward).  (TensorFlow says whether a tape could
+    # record only privately; without it, rows are taken.)
+    with overlap.in_place():
         for node in results:
             node.value()
+    if speculation is not None:
+        for tape in context.tapes:
+            tape.speculated(results[0].value(), speculation)
 
 
 def could_record():

@@ -149,7 +149,7 @@ class PatternSearch:
         walked count as inputs."""
         reached = {node.id: node for node in roots}
         roots = collections.deque(roots)
-        one_loss = len(roots) == 1 and context.tapes
+        one_loss = len(roots) == 1 and bool(context.tapes)
         if one_loss:
             # The one root of a training evaluation (its loss) is not
             # counted: its subgraph, the sum of the minibatch's losses,
