@@ -42,6 +42,7 @@ def compiled(monkeypatch):
         tf.set_parameter(key, value)
     tf.reset_patterns()
     program.PROGRAMS.clear()
+    program.SPECULATING.__init__()
     yield
     for key, value in zip(keys, previous):
         tf.set_parameter(key, value)

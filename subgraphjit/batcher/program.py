@@ -826,29 +826,38 @@ class _Compiled:
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
-        # The op reads each variable's handle, as a sparse_read does a
-        # table's: the tapes see the variable accessed, and the gradient
-        # for the handle reaches the variable, as the gradient of a read
-        # value does.  The reads themselves run with the tapes paused: a
-        # read they recorded would wait for its value, and this call is
-        # queued behind the previous minibatch's update (execute.py).  (A
-        # Keras variable, which wraps one, is read as before.)
-        by_handle = {number for number in self.given
-                     if variable_accessed is not None
-                     and isinstance(values[number], tf.Variable)}
+        # A variable's read is an op the tapes record (and a
+        # tf.custom_gradient's VariableWatcher sees): the gradient given
+        # for the value read reaches the variable, an IndexedSlices as is.
+        # Read where called, not queued: the queue is empty (execute.py),
+        # and the tapes, which ask for each read's shape, do not wait for it.
+        with overlap.in_place():
+            given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
+                     else values[number] for number in self.given]
+        # A table the tapes see looked up, as a sparse_read tells them:
+        # its gradient, for its handle, reaches the variable.
         tables = [number for number in self.tables if number in used]
-        watched = [values[number] for number in sorted(by_handle) + tables]
-        given = [values[number] if number in by_handle or not is_variable(values[number])
-                 else tf.convert_to_tensor(values[number]) for number in self.given]
+        for number in tables:
+            variable_accessed(values[number])
         with _tape.stop_recording():
-            given = [tf.convert_to_tensor(value) if number in by_handle else value
-                     for number, value in zip(self.given, given)]
             outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
-        for variable in watched:
-            variable_accessed(variable)
         buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
 
         def gradient(*upstream):
+            if could_record():
+                # A tape would record the backward's call, to differentiate
+                # it in turn: its trace cannot be (TensorFlow fails deep in
+                # its function machinery).
+                raise RuntimeError(
+                    "subgraphjit: the gradient of a compiled program was asked "
+                    "while a tape records (under another tape, or inside a "
+                    "persistent tape's block); its backward cannot be "
+                    "differentiated again.  Take the gradient after the tapes' "
+                    "blocks, or set_parameter('compile', 0) to run such "
+                    "evaluations op by op.")
+            return backward(upstream)
+
+        def backward(upstream):
             # (ZerosLike asks the buffer nothing: it may still be queued.)
             adjoints = [tf.raw_ops.ZerosLike(x=buffers[b]) if upstream[b] is None
                         else tf.convert_to_tensor(upstream[b])
@@ -863,17 +872,21 @@ class _Compiled:
                 for number, value in zip(self.given, given)] + [
                 _gradient(values[number], shared_gradients[number]) for number in tables]
 
-        tape_inputs = ([inputs[b] for b in carried]
-                       + [values[number].handle if number in by_handle else value
-                          for number, value in zip(self.given, given)]
+        tape_inputs = ([inputs[b] for b in carried] + given
                        + [values[number].handle for number in tables])
-        # Every input that can carry a gradient is a variable's handle: the
+        # The variable each input reads, by position (None: not a variable).
+        # Where every input that can carry a gradient is a variable's, the
         # gradient of a result with respect to the variables is the
         # backward's alone (``_Forward.speculate``).
+        variables = ([None] * len(carried)
+                     + [values[number] if isinstance(values[number], tf.Variable) else None
+                        for number in self.given]
+                     + [values[number] for number in tables])
         direct = not carried and all(
-            number in by_handle or number not in used or not _trainable(dtype_of(value))
-            for number, value in zip(self.given, given))
-        return _Forward(self, buffers, tape_inputs, gradient, direct)
+            variables[len(carried) + k] is not None or number not in used
+            or not _trainable(dtype_of(value))
+            for k, (number, value) in enumerate(zip(self.given, given)))
+        return _Forward(self, buffers, tape_inputs, variables, gradient, backward, direct)
 
     def _inputs(self, program, buffer):
         """The rows that follow a buffer's computed ones: stacked Python
@@ -1040,13 +1053,19 @@ class _Forward:
     tapes (``record``), whose gradient is the backward call.  ``direct``:
     every input that can carry a gradient is a variable's handle."""
 
-    def __init__(self, compiled, buffers, tape_inputs, gradient, direct):
+    def __init__(self, compiled, buffers, tape_inputs, variables, gradient, backward,
+                 direct):
         self.compiled, self.buffers = compiled, buffers
-        self.tape_inputs, self.gradient, self.direct = tape_inputs, gradient, direct
+        self.tape_inputs, self.variables = tape_inputs, variables
+        # gradient(*upstream), for the tapes; backward(upstream), the call.
+        self.gradient, self.backward, self.direct = gradient, backward, direct
 
     def record(self):
         """The op, on the tapes.  (They ask for the buffers' shapes, which
-        waits for a queued forward.)"""
+        waits for a queued forward; asked here first, a failure of the
+        forward raises as TensorFlow's error for it, an OpError.)"""
+        for buffer in self.buffers:
+            buffer.shape   # noqa: B018 (waits)
         _tape.record_operation("subgraphjit_program", self.buffers, self.tape_inputs,
                                self.gradient)
 
@@ -1064,10 +1083,12 @@ class _Forward:
             updates=tf.constant(np.ones((1, *shape), dtype.as_numpy_dtype)))
         upstream = [None] * len(self.buffers)
         upstream[buffer] = seed
-        gradients = self.gradient(*upstream)
-        return Speculation({id(handle): gradient
-                            for handle, gradient in zip(self.tape_inputs, gradients)
-                            if gradient is not None and handle.dtype == tf.resource})
+        # (Taken only where no tape records: api.GradientTape.)
+        with _tape.stop_recording():
+            gradients = self.backward(upstream)
+        return Speculation({id(variable.handle): gradient
+                            for variable, gradient in zip(self.variables, gradients)
+                            if variable is not None and gradient is not None})
 
 
 class Speculation:
@@ -1148,20 +1169,28 @@ def run(program, compiled, graph, statistics, recording, queued=False):
             unbatched = int(counts[(kinds == kind_number) & (counts > 1)].sum())
             if unbatched:
                 statistics["unbatched"][f"{kind.entry.name}: no batch rule"] += unbatched
+    # (A training forward may be queued too: the operands are kept until
+    # the tapes have seen it run.)
+    keep = queued or recording
     results = _native.write_back(graph.nodes, graph.operands, *program.places,
-                                 list(outputs), ACCESS, queued)
+                                 list(outputs), ACCESS, keep)
+    results, operands = results if keep else (results, None)
     if queued:
-        results, operands = results
         overlap.hold(graph.nodes, operands)
     if not recording:
         # With no tape (inference) rows stay rows of their buffer until
         # read: a slice each, at once, cost 6 ms of a 256-tree minibatch's
         # 144.
         return
-    # Behind a queued forward, its backward for the one result (the loss),
-    # before the tapes wait for the forward.
-    speculation = _speculate(forward, results, statistics)
-    forward.record()
+    try:
+        # Behind a queued forward, its backward for the one result (the
+        # loss), before the tapes wait for the forward.
+        speculation = _speculate(forward, results, statistics)
+        forward.record()
+    except tf.errors.OpError:
+        _native.restore(operands)   # (the nodes run anew: execute.py)
+        raise
+    del operands
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
     # is taken now, while the tapes see the op, where it is called (not
