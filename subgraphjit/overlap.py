@@ -12,7 +12,9 @@ effects (the next forward reads the updated variables), and reading a
 value (``.numpy()``, ``float``) waits for the ops it depends on.  The next
 evaluation calls ``end()``, which waits for the queue and returns the
 thread to its synchronous executor, so the asynchronous stretch lasts
-from a ``tape.gradient`` to the next evaluation.
+from a ``tape.gradient`` to the next evaluation.  A compiled training
+program begins one too: its forward and the backward speculated for its
+loss are queued (batcher/program.py).
 
 Within it, an error of a TensorFlow op the user runs directly (subgraphjit
 records most ops, and checks them when recording) is raised where the

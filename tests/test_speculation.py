@@ -4,8 +4,6 @@ takes the gradients it computed only where they are what TensorFlow's tape
 gives; everywhere else TensorFlow's tape differentiates, and every case
 gives eager TensorFlow's values and gradient types."""
 
-import sys
-
 import numpy as np
 import pytest
 import tensorflow

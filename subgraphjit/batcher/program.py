@@ -31,6 +31,12 @@ traces capture it and gather rows, the forward keeps the rows for the
 backward as it keeps products, and the table's gradient reaches its
 handle as eager's lookups' does.
 
+In training the forward is queued (overlap.py), and where the evaluation
+has one result (the loss) and the program reads only variables, the
+backward for that result is queued right behind it (``Speculation``):
+``tape.gradient(loss, variables)`` takes its gradients (api.GradientTape)
+where they are what the tape would give.
+
 Inference (no tape) runs a forward of its own that keeps nothing.  Each
 mode's functions are traced when first asked for.
 """
@@ -1051,7 +1057,8 @@ def _each_instance(kind, values, flags, count):
 class _Forward:
     """A training program's forward call: its buffers, and its op for the
     tapes (``record``), whose gradient is the backward call.  ``direct``:
-    every input that can carry a gradient is a variable's handle."""
+    every input that can carry a gradient is a variable's (a read of it,
+    or its handle), named in ``variables``."""
 
     def __init__(self, compiled, buffers, tape_inputs, variables, gradient, backward,
                  direct):
