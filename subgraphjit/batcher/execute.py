@@ -65,14 +65,25 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     if queued:
         overlap.begin()
         queued = overlap.active()
+    arguments = None
     if not queued:
+        if compiled is not None and recording:
+            # Its arguments are made meanwhile, where they are called (a
+            # failure to is the queue's: end() raises it, or they are made
+            # again after it).
+            try:
+                with overlap.in_place():
+                    arguments = compiled.arguments(the_program)
+            except tf.errors.OpError:
+                arguments = None
         overlap.end()
         if compiled is not None and recording:
             overlap.begin()
     analysed = time.perf_counter()
     if compiled is not None:
         try:
-            program.run(the_program, compiled, graph, statistics, recording, queued)
+            program.run(the_program, compiled, graph, statistics, recording, queued,
+                        arguments)
         except tf.errors.OpError:
             if queued:
                 # The queue failed earlier (an op refuses a failed queue):

@@ -808,20 +808,27 @@ class _Compiled:
         return entries + weights if entries or weights else [k]
 
     # -- one call --------------------------------------------------------------
-    def __call__(self, program, recording):
+    def arguments(self, program):
+        """The call's arguments but the variables' values: the step table
+        and rows, each buffer's input rows, and this program's shared
+        values, in the compiled order (variables are the compiled ones,
+        whose ids are in the key; tensors this minibatch's own, of which
+        the key says only dtype and shape).  Made before the queue is
+        waited for, in training (execute.py)."""
+        arrays = [tf.constant(program.steps), tf.constant(program.rows),
+                  tf.constant(np.array(program.computed, np.int32))]
+        inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
+        return arrays, inputs, _Shared(program).values
+
+    def __call__(self, program, recording, arguments=None):
         """The program's buffers, computed; while a tape could record
         (``recording``), a ``_Forward``: the buffers, and the one op whose
         gradient is the backward call, for the tapes.  Only what can carry
         a gradient to the user passes through that op: rows of nodes
         evaluated earlier (in trainable buffers), shared tensors and the
-        variables."""
-        arrays = [tf.constant(program.steps), tf.constant(program.rows),
-                  tf.constant(np.array(program.computed, np.int32))]
-        inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
-        # This program's shared values, in the compiled order: variables are
-        # the compiled ones (their ids are in the key), tensors this
-        # minibatch's own (only their dtype and shape are).
-        values = _Shared(program).values
+        variables.  ``arguments``: as ``arguments(program)`` gives them,
+        if made before."""
+        arrays, inputs, values = arguments or self.arguments(program)
         if not recording:   # inference: no gradient to join to a tape
             given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
                      else values[number] for number in self.given]
@@ -1153,7 +1160,7 @@ def _speculate(forward, results, statistics):
     return speculation
 
 
-def run(program, compiled, graph, statistics, recording, queued=False):
+def run(program, compiled, graph, statistics, recording, queued=False, arguments=None):
     """Run ``program`` with its compiled form and leave each node's value as
     its row of a buffer (``_native.write_back``: a loop over every node).
     A node with an output not kept is marked swallowed (like a node inside
@@ -1161,8 +1168,9 @@ def run(program, compiled, graph, statistics, recording, queued=False):
     someone asks; a multi-output node's kept outputs' access nodes have
     rows of their own).  ``queued``: the call is queued (overlap.py), so
     the operands the nodes drop are held until it has run
-    (``overlap.hold``).  ``recording``: a tape could record (``could_record``)."""
-    outputs = forward = compiled(program, recording)
+    (``overlap.hold``).  ``recording``: a tape could record (``could_record``).
+    ``arguments``: the call's, made before (``_Compiled.arguments``)."""
+    outputs = forward = compiled(program, recording, arguments)
     if recording:
         outputs = forward.buffers
     statistics["program_runs"] += 1
