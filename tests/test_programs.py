@@ -62,6 +62,11 @@ def test_compiled_minibatches_equal_eager(model_name, compiled):
                    for reason in tf.stats()["programs_not_compiled"]), tf.stats()
     else:
         assert tf.stats()["program_runs"] >= 2, tf.stats()
+    # The gradients of every backward speculated were taken (test_speculation.py):
+    # most models' programs read only variables (mv_rnn's do not).
+    stats = tf.stats()
+    assert stats["speculations_used"] == stats["backwards_speculated"], stats
+    assert (stats["speculations_used"] == 2) == (model_name not in ("keras_tree_gru", "mv_rnn"))
 
 
 def test_a_program_reading_keras_variables_equals_eager(compiled):
