@@ -1168,7 +1168,9 @@ def run(program, compiled, graph, statistics, recording, queued=False, arguments
     someone asks; a multi-output node's kept outputs' access nodes have
     rows of their own).  ``queued``: the call is queued (overlap.py), so
     the operands the nodes drop are held until it has run
-    (``overlap.hold``).  ``recording``: a tape could record (``could_record``).
+    (``overlap.hold``).  ``recording``: a tape could record (``could_record``):
+    the forward is queued (execute.py), its backward speculated behind it
+    (``_speculate``), and the op joins the tapes once it has run.
     ``arguments``: the call's, made before (``_Compiled.arguments``)."""
     outputs = forward = compiled(program, recording, arguments)
     if recording:
