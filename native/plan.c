@@ -403,6 +403,7 @@ mark_distinct(IntArray *steps, Py_ssize_t width, const IntArray *rows,
         total += computed[b] + PyList_GET_SIZE(PyList_GET_ITEM(input_values, b))
                  + PyList_GET_SIZE(PyList_GET_ITEM(input_nodes, b));
     }
+    first[buffer_count] = total;   /* (so each buffer's size is first[b + 1] - first[b]) */
     int *last = PyMem_New(int, total + 1);
     if (last == NULL) {
         PyMem_Free(first);
@@ -418,8 +419,7 @@ mark_distinct(IntArray *steps, Py_ssize_t width, const IntArray *rows,
         Py_ssize_t size = step[1], start = step[2];
         for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
             Py_ssize_t buffer = kind->operand_buffers[p];
-            Py_ssize_t limit = (buffer + 1 < buffer_count ? first[buffer + 1] : total)
-                               - first[buffer];
+            Py_ssize_t limit = first[buffer + 1] - first[buffer];
             for (Py_ssize_t j = 0; j < size; j++) {
                 Py_ssize_t row = rows->items[start + p * size + j];
                 if (row < 0 || row >= limit) {

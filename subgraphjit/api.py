@@ -183,11 +183,12 @@ class GradientTape(tf.GradientTape):
                    for source in flat):
             return None
         speculation = kept[1]
-        watched = {id(variable.handle) for variable in self._tape.watched_variables()}
+        watched_variables = self._tape.watched_variables()
+        watched = {id(variable.handle) for variable in watched_variables}
         gradients = [speculation.gradients.get(id(source.handle))
                      if id(source.handle) in watched else None for source in flat]
         if not self._persistent:   # (as TensorFlow's gradient does)
-            self._watched_variables = self._tape.watched_variables()
+            self._watched_variables = watched_variables
             self._tape = None
         speculation.used = True
         context.batching["speculations_used"] += 1

@@ -82,25 +82,29 @@ def begin():
     _thread.promised = {}
 
 
-def end():
-    """Wait for the queued ops and return to synchronous execution.  An
-    error of a queued op is raised here: the error of a held node's run
-    anew (``rerun``), else the queue's own, with a note."""
-    synchronous = getattr(_thread, "synchronous", None)
-    if synchronous is None:
-        return
+def _wait():
+    """Wait for the queued ops and return to synchronous execution: the
+    queue's failure (cleared) or None, and the nodes held meanwhile."""
+    synchronous = _thread.synchronous
     _thread.synchronous, _thread.promised = None, {}
     held, _thread.held = getattr(_thread, "held", []), []
-    eager_context, _ = _eager()
     try:
         _thread.queue.wait()
     except Exception as error:
         _thread.queue.clear_error()
-        failed = error
-    else:
-        failed = None
+        return error, held
     finally:
-        eager_context.context().executor = synchronous
+        _eager()[0].context().executor = synchronous
+    return None, held
+
+
+def end():
+    """Wait for the queued ops and return to synchronous execution.  An
+    error of a queued op is raised here: the error of a held node's run
+    anew (``rerun``), else the queue's own, with a note."""
+    if not active():
+        return
+    failed, held = _wait()
     if failed is None:
         return   # (the held operands are dropped with ``held``)
     if held:
@@ -118,20 +122,11 @@ def end():
 
 
 def discard():
-    """Wait for the queued ops and return to synchronous execution,
-    dropping the queue's failure: for a queue that held only ops of an
-    evaluation about to run anew, step by step, where they fail again and
-    name the user's line."""
-    synchronous = getattr(_thread, "synchronous", None)
-    if synchronous is None:
-        return
-    _thread.synchronous, _thread.promised = None, {}
-    try:
-        _thread.queue.wait()
-    except Exception:
-        _thread.queue.clear_error()
-    finally:
-        _eager()[0].context().executor = synchronous
+    """As ``end()``, but the queue's failure is dropped: for a queue that
+    held only the ops of an evaluation about to run anew, step by step,
+    where they fail again and name the user's line."""
+    if active():
+        _wait()
 
 
 @contextlib.contextmanager

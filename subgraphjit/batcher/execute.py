@@ -67,17 +67,18 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
         queued = overlap.active()
     arguments = None
     if not queued:
-        if compiled is not None and recording:
-            # Its arguments are made meanwhile, where they are called (a
-            # failure to is the queue's: end() raises it, or they are made
-            # again after it).
+        training = compiled is not None and recording
+        if training:
+            # Its arguments are made while the queue still runs, where they
+            # are called.  (If that fails, the queue failed: end() raises
+            # its error, or the call makes them again.)
             try:
                 with overlap.in_place():
                     arguments = compiled.arguments(the_program)
             except tf.errors.OpError:
-                arguments = None
+                pass
         overlap.end()
-        if compiled is not None and recording:
+        if training:
             overlap.begin()
     analysed = time.perf_counter()
     if compiled is not None:

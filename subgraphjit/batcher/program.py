@@ -1207,7 +1207,7 @@ def run(program, compiled, graph, statistics, recording, queued=False, arguments
     except tf.errors.OpError:
         _native.restore(operands)   # (the nodes run anew: execute.py)
         raise
-    del operands
+    del operands   # (the forward ran: the operands it kept go)
     # A node nothing reads, such as the loss, is what the user
     # differentiates, often after the tape has stopped recording: its row
     # is taken now, while the tapes see the op, where it is called (not
