@@ -102,6 +102,8 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
                         overlap.end()
             failed = kind is not None
         finally:
+            if self._recording:
+                context.resume_collector()
             eager_scopes.leave(self._judged, failed)
 
 
@@ -121,6 +123,7 @@ class GradientTape(tf.GradientTape):
             entered = super().__enter__()
         except BaseException:
             context.close_scope()
+            context.resume_collector()
             eager_scopes.leave(self._judged, failed=True)
             raise
         context.tapes.append(self)
@@ -130,13 +133,14 @@ class GradientTape(tf.GradientTape):
         return entered
 
     def __exit__(self, kind, error, traceback):
-        recorded = context.close_scope()
         failed = True
         try:
+            recorded = context.close_scope()
             if kind is None:
                 evaluate(recorded, required=())
                 failed = False
         finally:
+            context.resume_collector()
             context.tapes.remove(self)
             eager_scopes.leave(self._judged, failed)
             result = super().__exit__(kind, error, traceback)

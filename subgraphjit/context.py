@@ -271,14 +271,19 @@ class Context:
         # nodes inside patterns (``VirtualNode.swallowed``) are computed
         # only if asked for.  (In C: this visits every node recorded in the
         # scope.)
-        recorded = scope_leftovers(recorded)
-        # The collector comes back on last: turned on while the scope's
-        # nodes were still being dropped, it swept all the young objects
-        # the scope made (a 256-tree minibatch's compiled program leaves
-        # 40,000 nodes, with their operand tuples, to drop: 270 ms).
+        return scope_leftovers(recorded)
+
+    def resume_collector(self):
+        """After the outermost scope closed and its nodes were evaluated:
+        the cyclic collector back on, if it was.  It comes back on last:
+        turned on while the scope's nodes were still being dropped, it
+        swept all the young objects the scope made (a 256-tree minibatch's
+        compiled program leaves 40,000 nodes, with their operand tuples,
+        to drop: 270 ms); turned on before the scope's evaluation, the
+        evaluation's first allocation swept them (1.4 ms a 256-tree
+        minibatch)."""
         if not self.scopes and self.collector_was_on:
             gc.enable()
-        return recorded
 
     # -- statistics ----------------------------------------------------------
     def reset_stats(self):
@@ -315,7 +320,10 @@ class Context:
             "scheduler_fallbacks": 0, "fsm_training_seconds": 0.0,
             "fsm_training_iterations": 0,
             "layout_seconds": 0.0, "analysis_seconds": 0.0,
-            "execute_seconds": 0.0, "programs_compiled": 0,
+            "execute_seconds": 0.0,
+            # Waiting, before an evaluation's first op, for the work the
+            # previous one queued on the other core (overlap.py).
+            "queue_wait_seconds": 0.0, "programs_compiled": 0,
             "programs_not_compiled": collections.Counter(),
             "compile_seconds": 0.0, "program_cache_hits": 0,
             "program_runs": 0, "program_steps": 0,

@@ -93,6 +93,43 @@ def test_batching_scope_does_not_evaluate_when_the_block_raises():
     assert tf.build(node) is not None  # and the scope stack is closed again
 
 
+@pytest.mark.parametrize("scope", ["batching", "GradientTape"])
+@pytest.mark.parametrize("raises", [False, True])
+def test_scopes_pause_the_cyclic_collector_until_their_evaluation_ends(scope, raises):
+    """Off while a scope records and its nodes are evaluated (else it
+    sweeps the growing graph), back on after, also when the block or the
+    evaluation raises; left off if the user had turned it off."""
+    x = random_constant(2, 3)
+    seen = []
+
+    def evaluated(*arguments, **keywords):
+        seen.append(gc.isenabled())
+        return evaluate(*arguments, **keywords)
+
+    from subgraphjit import api
+    evaluate = api.evaluate
+    api.evaluate = evaluated
+    try:
+        for user_collector in (True, False):
+            (gc.enable if user_collector else gc.disable)()
+            seen.clear()
+            try:
+                with getattr(tf, scope)():
+                    assert not gc.isenabled()
+                    node = tf.tanh(x)
+                    if raises:
+                        raise RuntimeError("user error")
+            except RuntimeError:
+                assert raises
+            assert gc.isenabled() is user_collector
+            assert seen == ([] if raises else [False])
+            if not raises:
+                assert node.evaluated
+    finally:
+        api.evaluate = evaluate
+        gc.enable()
+
+
 def test_gradients_flow_through_build_inside_the_callers_tape():
     w_eager = tensorflow.Variable(random_constant(4, 2, seed=1))
     w_lazy = tensorflow.Variable(w_eager)

@@ -238,7 +238,8 @@ def test_a_program_with_two_kinds_of_one_key_adopts_no_other(compiled):
 def test_a_key_seen_before_its_superset_compiled_is_run_by_it_after(monkeypatch):
     """A key not compiled itself is run by a compiled program of more
     kinds (its superset), also when it was first seen before that
-    program compiled."""
+    program compiled, and by the one of fewest kinds once a smaller
+    superset compiles (the superset an entry keeps is looked for again)."""
     from types import SimpleNamespace
 
     def fake_program(name, kind_keys):
@@ -255,13 +256,16 @@ def test_a_key_seen_before_its_superset_compiled_is_run_by_it_after(monkeypatch)
     statistics = {"program_cache_hits": 0, "programs_compiled": 0, "compile_seconds": 0.0,
                   "programs_not_compiled": collections.Counter()}
     programs = program.Programs()
-    small, large = fake_program("small", ("a",)), fake_program("large", ("a", "b"))
+    small, large = fake_program("small", ("a",)), fake_program("large", ("a", "b", "c"))
     assert programs.compiled_for(small, 4, statistics) is None   # seen once: step by step
     compiled = programs.compiled_for(large, 1, statistics)       # compiles
     assert compiled is not None and statistics["programs_compiled"] == 1
     assert programs.compiled_for(small, 4, statistics) is compiled
     assert small.adopted is compiled
     assert programs.compiled_for(small, 4, statistics) is compiled   # (again)
+    smaller = programs.compiled_for(fake_program("middle", ("a", "d")), 1, statistics)
+    assert smaller is not None and smaller is not compiled
+    assert programs.compiled_for(small, 4, statistics) is smaller
 
 
 def planned(graph):
@@ -414,7 +418,7 @@ def stubbed_policy(monkeypatch):
     """A Programs object whose compiling is stubbed, and its statistics."""
     monkeypatch.setattr(program, "_Compiled", lambda planned: ("compiled", planned))
     monkeypatch.setattr(program, "_traced", lambda compiled, *_, **__: compiled)
-    monkeypatch.setattr(program.Programs, "_compiled_superset", lambda self, planned: None)
+    monkeypatch.setattr(program.Programs, "_find_superset", lambda self, planned: None)
     statistics = {"program_cache_hits": 0, "programs_compiled": 0,
                   "programs_not_compiled": collections.Counter(),
                   "compile_seconds": 0.0}

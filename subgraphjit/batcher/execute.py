@@ -77,7 +77,11 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
                     arguments = compiled.arguments(the_program)
             except tf.errors.OpError:
                 pass
+        waiting = time.perf_counter()
         overlap.end()
+        waited = time.perf_counter() - waiting
+        statistics["queue_wait_seconds"] += waited
+        started += waited  # the wait is the other core's work, not analysis
         if training:
             overlap.begin()
     analysed = time.perf_counter()

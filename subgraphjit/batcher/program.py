@@ -95,13 +95,17 @@ KEPT_PRODUCTS = 8
 
 
 class _Entry:
-    __slots__ = ("compiled", "tried")
+    __slots__ = ("compiled", "tried", "superset", "superset_generation")
 
     def __init__(self):
         # The _Compiled, once compiled; it holds the kinds' variables, whose
         # ids are part of the key, so that no other variable takes an id.
         self.compiled = None
         self.tried = False
+        # The compiled program that runs this key's (_compiled_superset),
+        # as found when the compiled programs were ``superset_generation``.
+        self.superset = None
+        self.superset_generation = -1
 
 
 class Programs:
@@ -113,13 +117,25 @@ class Programs:
         self._counts = collections.Counter()              # ... how often each
         self._compiled_relatives = set()   # ``relatives`` of compiled programs
         self.compiles = self.relatives_compiled = 0
+        # Counts the changes to the set of compiled programs (a compile, an
+        # eviction), after which an entry's superset is looked for again.
+        self._generation = 0
 
     def clear(self):
         self.__init__()
 
-    def _compiled_superset(self, program):
+    def _compiled_superset(self, program, entry):
         """The compiled program of fewest kinds among those whose kinds
-        include all of ``program``'s, or None."""
+        include all of ``program``'s, or None; kept in ``entry`` (the
+        program's) until the compiled programs change.  (A pipelined
+        part's key is usually run by a superset: looking it up anew cost
+        a 256-tree minibatch about a millisecond.)"""
+        if entry.superset_generation != self._generation:
+            entry.superset = self._find_superset(program)
+            entry.superset_generation = self._generation
+        return entry.superset
+
+    def _find_superset(self, program):
         kinds, buffers = set(program.kind_keys), set(program.buffers)
         if len(kinds) < len(program.kind_keys):
             # Two kinds of one key (the same op on two tensors of one
@@ -155,13 +171,14 @@ class Programs:
         if entry is None:
             entry = self._entries[key] = _Entry()
             if len(self._entries) > CAPACITY:
-                self._entries.popitem(last=False)
+                _, evicted = self._entries.popitem(last=False)
+                self._generation += evicted.compiled is not None
         else:
             self._entries.move_to_end(key)
         if entry.compiled is not None:
             statistics["program_cache_hits"] += 1
             return _traced(entry.compiled, training, statistics)
-        larger = self._compiled_superset(program)
+        larger = self._compiled_superset(program, entry)
         if larger is not None:
             # A program of more kinds runs this one (its other kinds take
             # no steps): no compile for minibatches that lack a rare kind.
@@ -186,6 +203,7 @@ class Programs:
             else:
                 if _traced(compiled, training, statistics, started) is not None:
                     entry.compiled = compiled
+                    self._generation += 1
                     self._compiled_relatives.add(program.relatives)
                     statistics["programs_compiled"] += 1
         return entry.compiled
@@ -663,7 +681,15 @@ class _Compiled:
             site: kept for site, kept in sorted(self.kept.items())
             if kept.shared in self.sums})
         for b, upstream in zip(self.trainable, upstreams):
-            self.adjoints[b].assign(upstream)
+            # A buffer no gradient reaches comes as no rows (``no_rows``):
+            # padded here to zeros, which the assign adopts (out of
+            # copy-on-read mode, as in _forward); zeros made before the
+            # call were written once and then copied (0.4 ms of a 25-tree
+            # backward).
+            missing = tf.shape(buffers[b])[0] - tf.shape(upstream)[0]
+            tf.raw_ops.DisableCopyOnRead(resource=self.adjoints[b].handle)
+            self.adjoints[b].assign(tf.pad(
+                upstream, [[0, missing]] + [[0, 0]] * (upstream.shape.rank - 1)))
         for number, total in self.sums.items():
             total.assign(tf.zeros_like(shared[number]))
         # Per looked-up variable: each step writes its entries' values and
@@ -871,8 +897,7 @@ class _Compiled:
             return backward(upstream)
 
         def backward(upstream):
-            # (ZerosLike asks the buffer nothing: it may still be queued.)
-            adjoints = [tf.raw_ops.ZerosLike(x=buffers[b]) if upstream[b] is None
+            adjoints = [self.no_rows[b] if upstream[b] is None
                         else tf.convert_to_tensor(upstream[b])
                         for b in self.trainable]
             # (Queued since GradientTape.gradient: overlap.py.)
