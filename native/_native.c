@@ -678,7 +678,7 @@ cut_pending(Py_ssize_t position)
  * (Cuts are taken only past the limit, and forgotten whenever the list
  * shrinks or changes, so a list under the limit has none.) */
 static int
-pending_full_check(PyObject *inputs)
+pending_full_check(PyObject *const *inputs, Py_ssize_t count)
 {
     if (pending_limit == 0 || pending_nodes == NULL || !PyList_CheckExact(pending_nodes))
         return 0;
@@ -687,8 +687,8 @@ pending_full_check(PyObject *inputs)
         return 0;
     int reads_node = 0;
     long long oldest = LLONG_MAX;   /* the oldest unevaluated node read */
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
-        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *operand = inputs[i];
         if (Py_IS_TYPE(operand, node_type)) {
             reads_node = 1;
             if (unevaluated((Node *)operand) && ((Node *)operand)->id < oldest)
@@ -990,11 +990,10 @@ static RecordEntry record_cache[RECORD_SLOTS];
 /* The operand specs (new references) of ``inputs``, or -1 with an
  * exception set (NotLazy for an operand the recorder cannot describe). */
 static int
-operand_specs(PyObject *inputs, PyObject **specs)
+operand_specs(PyObject *const *inputs, Py_ssize_t count, PyObject **specs)
 {
-    Py_ssize_t count = PyTuple_GET_SIZE(inputs);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
+        PyObject *operand = inputs[i];
         if (Py_IS_TYPE(operand, node_type)) {
             specs[i] = ((Node *)operand)->spec;
             if (specs[i] == NULL) {
@@ -1086,9 +1085,9 @@ record_entry_set(RecordEntry *entry, Py_uhash_t hash, PyObject *op_entry,
 
 /* Can the record cache hold this record key? */
 static int
-cacheable(PyObject *inputs, PyObject *attrs)
+cacheable(Py_ssize_t count, PyObject *attrs)
 {
-    if (PyTuple_GET_SIZE(inputs) > RECORD_OPERANDS || !PyTuple_CheckExact(attrs))
+    if (count > RECORD_OPERANDS || !PyTuple_CheckExact(attrs))
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(attrs); i++)
         if (!plain_item(PyTuple_GET_ITEM(attrs, i)))
@@ -1096,17 +1095,21 @@ cacheable(PyObject *inputs, PyObject *attrs)
     return 1;
 }
 
-/* Record ``op_entry`` on ``inputs`` (a tuple) with ``attrs`` (a tuple) at
- * ``given_site``, or, if NULL, at the site of ``frame`` (borrowed), or, if
- * that is NULL too, at the frame above record's caller. */
+/* Record ``op_entry`` on the ``count`` operands at ``operands`` with
+ * ``attrs`` (a tuple) at ``given_site``, or, if NULL, at the site of
+ * ``frame`` (borrowed), or, if that is NULL too, at the frame above
+ * record's caller.  The operands come as an array, not a tuple: a tuple
+ * made and freed per op was a tenth of recording; one is made only for
+ * a key the record cache lacks. */
 static PyObject *
-record_op(PyObject *op_entry, PyObject *inputs, PyObject *given_attrs,
-          PyObject *given_site, PyFrameObject *frame)
+record_op(PyObject *op_entry, PyObject *const *operands, Py_ssize_t count,
+          PyObject *given_attrs, PyObject *given_site, PyFrameObject *frame)
 {
     /* (Before anything is made: every node recorded so far is whole.) */
-    if (pending_full_check(inputs) < 0)
+    if (pending_full_check(operands, count) < 0)
         return NULL;
     PyObject *attrs = Py_NewRef(given_attrs);
+    PyObject *inputs = NULL;   /* the operands as a tuple, if needed */
     PyObject *key = NULL, *spec = NULL, *site = NULL;
     PyObject *result = NULL;
     Node *node = NULL;
@@ -1120,10 +1123,10 @@ record_op(PyObject *op_entry, PyObject *inputs, PyObject *given_attrs,
     PyObject *cache = Py_XNewRef(entry_cache(op_entry, &is_multi));
     if (cache == NULL)
         goto done;
-    if (cacheable(inputs, attrs)) {
-        if (operand_specs(inputs, specs) < 0)
+    if (cacheable(count, attrs)) {
+        if (operand_specs(operands, count, specs) < 0)
             goto done;
-        spec_count = PyTuple_GET_SIZE(inputs);
+        spec_count = count;
         hash = record_hash(op_entry, attrs, specs, spec_count);
         if (hash == -1)
             goto done;
@@ -1137,6 +1140,11 @@ record_op(PyObject *op_entry, PyObject *inputs, PyObject *given_attrs,
             goto known;
         }
     }
+    inputs = PyTuple_New(count);
+    if (inputs == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyTuple_SET_ITEM(inputs, i, Py_NewRef(operands[i]));
     key = cache_key(inputs, attrs);
     if (key == NULL)
         goto done;
@@ -1187,15 +1195,12 @@ known:
         if (entry != NULL)
             record_entry_set(entry, hash, op_entry, attrs, spec, specs, spec_count);
     }
-    node = new_node(next_id++, op_entry, PySequence_Fast_ITEMS(inputs),
-                    PyTuple_GET_SIZE(inputs), attrs, spec, site);
+    node = new_node(next_id++, op_entry, operands, count, attrs, spec, site);
     if (node == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
-        PyObject *operand = PyTuple_GET_ITEM(inputs, i);
-        if (Py_IS_TYPE(operand, node_type))
-            ((Node *)operand)->consumers++;
-    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (Py_IS_TYPE(operands[i], node_type))
+            ((Node *)operands[i])->consumers++;
     if (append_pending((PyObject *)node) < 0)
         goto done;
     result = is_multi ? outputs_of(node, site) : Py_NewRef(node);
@@ -1204,6 +1209,7 @@ done:
     Py_XDECREF(site);
     Py_XDECREF(spec);
     Py_XDECREF(key);
+    Py_XDECREF(inputs);
     Py_XDECREF(cache);
     Py_XDECREF(attrs);
     for (Py_ssize_t i = 0; i < spec_count; i++)
@@ -1227,7 +1233,27 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "entry, two tuples and a (code, line) tuple or None");
         return NULL;
     }
-    return record_op(args[0], args[1], args[2], nargs == 4 ? args[3] : NULL, NULL);
+    return record_op(args[0], PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]),
+                     args[2], nargs == 4 ? args[3] : NULL, NULL);
+}
+
+/* record_operands(entry, attrs, *operands): record's fast form, for the
+ * generated wrappers of ops of a fixed number of operands. */
+static PyObject *
+record_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (context == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "subgraphjit._native.setup() has not run");
+        return NULL;
+    }
+    if (nargs < 2 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_operands(entry, attrs, *operands) takes an op "
+                        "entry, a tuple and the operands");
+        return NULL;
+    }
+    return record_op(args[0], args + 2, nargs - 2, args[1], NULL, NULL);
 }
 
 /* -- operators -------------------------------------------------------------- */
@@ -1259,19 +1285,16 @@ apply_operator(int op, PyObject *left, PyObject *right)
 {
     if (operator_entries[op] == NULL || context == NULL)
         Py_RETURN_NOTIMPLEMENTED;
-    PyObject *inputs = right != NULL ? PyTuple_Pack(2, left, right)
-                                     : PyTuple_Pack(1, left);
-    if (inputs == NULL)
-        return NULL;
+    PyObject *operands[2] = {left, right};
+    Py_ssize_t count = right != NULL ? 2 : 1;
     /* The user's line is the running frame: no Python method in between. */
     PyFrameObject *frame = PyEval_GetFrame();
-    PyObject *result = record_op(operator_entries[op], inputs, no_attrs,
+    PyObject *result = record_op(operator_entries[op], operands, count, no_attrs,
                                  frame == NULL ? Py_None : NULL, frame);
     if (result == NULL && PyErr_ExceptionMatches(not_lazy)) {
         PyErr_Clear();
-        result = PyObject_Call(operator_fallbacks[op], inputs, NULL);
+        result = PyObject_Vectorcall(operator_fallbacks[op], operands, count, NULL);
     }
-    Py_DECREF(inputs);
     return result;
 }
 
@@ -1380,6 +1403,9 @@ next_node_id(PyObject *module, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"record_operands", (PyCFunction)(void (*)(void))record_operands, METH_FASTCALL,
+     "record_operands(entry, attrs, *operands): record(entry, operands, attrs)\n"
+     "without a tuple of the operands."},
     {"set_operators", (PyCFunction)(void (*)(void))set_operators, METH_FASTCALL,
      "set_operators(operators, not_lazy)\n--\n\nVirtualNode's arithmetic "
      "operators: ``operators`` maps each dunder (``__add__``, ``__neg__``, ...) "

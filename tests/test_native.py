@@ -172,6 +172,29 @@ def test_bad_calls_raise_type_errors(arguments):
         _native.record(*arguments)
 
 
+@pytest.mark.parametrize("arguments", [
+    (), (ENTRIES["math.tanh"],), (ENTRIES["math.tanh"], [None], 1.0),
+    (ENTRIES["math.tanh"], None, 1.0),
+])
+def test_bad_calls_of_record_operands_raise_type_errors(arguments):
+    with pytest.raises(TypeError):
+        _native.record_operands(*arguments)
+
+
+def test_record_operands_records_as_record_does():
+    """The wrappers' form (operands as arguments) and record's (a tuple)
+    give equal nodes, a cache miss included (a new attribute)."""
+    x = constant(2, 3)
+    with tf.batching():
+        entry = ENTRIES["math.reduce_sum"]
+        for axis in (1, 0):   # (the second: a key new to the record cache)
+            given = _native.record_operands(entry, (axis, False), x)
+            expected = _native.record(entry, (x,), (axis, False))
+            assert given.spec is expected.spec and given.attrs == expected.attrs
+            assert given.inputs[0] is x and given.entry is expected.entry
+    np.testing.assert_allclose(given.numpy(), x.numpy().sum(axis=0), rtol=1e-6)
+
+
 def test_bad_entries_and_nodes_raise_clean_errors():
     with pytest.raises(AttributeError):
         _native.record(object(), (1.0,), ())

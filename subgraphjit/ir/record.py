@@ -174,13 +174,17 @@ def build_entry_functions(entry, public_name, fast=None):
     defaults = {p.name: p.default for p in parameters
                 if p.default is not inspect.Parameter.empty}
 
+    attrs_expr = "(" + "".join(f"{p}, " for p in entry.attr_params) + ")"
     if entry.list_input:
         inputs_expr = f"tuple({entry.tensor_params[0]})"
+        recorded = f"_record(_entry, {inputs_expr}, {attrs_expr})"
         call_tensors = {entry.tensor_params[0]: "list(values)"}
     else:
         inputs_expr = "(" + "".join(f"{p}, " for p in entry.tensor_params) + ")"
+        # (The operands as arguments: no tuple made per op.)
+        recorded = ("_record_operands(_entry, " + attrs_expr
+                    + "".join(f", {p}" for p in entry.tensor_params) + ")")
         call_tensors = {p: f"values[{i}]" for i, p in enumerate(entry.tensor_params)}
-    attrs_expr = "(" + "".join(f"{p}, " for p in entry.attr_params) + ")"
     thawed = "_thaw(attrs)" if entry.thaw else "attrs"
     call_attrs = {p: f"{thawed}[{i}]" for i, p in enumerate(entry.attr_params)}
     call_args = _arguments(parameters, lambda n: call_tensors.get(n) or call_attrs[n],
@@ -196,7 +200,7 @@ def build_entry_functions(entry, public_name, fast=None):
         f"def wrapper({signature}):\n"
         f"    if {lazy}:\n"
         f"        try:\n"
-        f"            return _record(_entry, {inputs_expr}, {attrs_expr})\n"
+        f"            return {recorded}\n"
         f"        except _NotLazy:\n"
         f"            pass\n"
         + "\n".join(_fast_call(fast, parameters) + _passing_on(parameters)) + "\n"
@@ -217,7 +221,8 @@ def build_entry_functions(entry, public_name, fast=None):
         f"            except _NotLazy:\n"
         f"                pass\n"
         f"    return NotImplemented\n")
-    namespace = {"_context": context, "_record": record, "_entry": entry,
+    namespace = {"_context": context, "_record": record,
+                 "_record_operands": _native.record_operands, "_entry": entry,
                  "_NotLazy": NotLazy, "_fn": entry.fn, "_fast": fast,
                  "_thaw": entry.thaw, "_user_site": user_site,
                  "_executing_eagerly": tf.executing_eagerly,
