@@ -1217,14 +1217,20 @@ done:
     return result;
 }
 
+/* 1 once setup() has run, else 0 with RuntimeError set. */
+static int
+set_up(void)
+{
+    if (context == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "subgraphjit._native.setup() has not run");
+    return context != NULL;
+}
+
 static PyObject *
 record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (context == NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "subgraphjit._native.setup() has not run");
+    if (!set_up())
         return NULL;
-    }
     if (nargs < 3 || nargs > 4 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])
             || (nargs == 4 && args[3] != Py_None
                 && !(PyTuple_Check(args[3]) && PyTuple_GET_SIZE(args[3]) == 2))) {
@@ -1242,11 +1248,8 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 record_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (context == NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "subgraphjit._native.setup() has not run");
+    if (!set_up())
         return NULL;
-    }
     if (nargs < 2 || !PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError,
                         "record_operands(entry, attrs, *operands) takes an op "
