@@ -102,6 +102,28 @@ def test_compiled_inference_equals_eager(model_name, compiled):
     assert tf.stats()["program_runs"] >= 1
 
 
+def test_compiled_inference_reads_its_variables_when_it_runs(compiled):
+    """Inference reads the variables inside the call: a program run again
+    after the variables changed gives the new values' results, as eager
+    does."""
+    rng = np.random.default_rng(9)
+    model = MODELS["tree_lstm"](rng)
+    examples = model.random_examples(rng, 3)
+    variables = [v for v in vars(model).values() if isinstance(v, tensorflow.Variable)]
+    assert variables
+    for round in range(3):   # collect, compiled, compiled after an update
+        if round == 2:
+            tf.reset_stats()
+            for variable in variables:
+                variable.assign_add(tensorflow.constant(
+                    rng.standard_normal(variable.shape), variable.dtype) * 0.1)
+        expected = [model.loss(tensorflow, e).numpy() for e in examples]
+        with tf.batching():
+            losses = [model.loss(tf, e) for e in examples]
+        np.testing.assert_allclose([float(loss) for loss in losses], expected, rtol=1e-5)
+    assert tf.stats()["program_runs"] >= 1 and tf.stats()["program_cache_hits"] >= 1
+
+
 def test_inference_results_are_read_from_their_buffer(compiled):
     """With no tape, a compiled program leaves its results as rows of their
     buffers; .numpy() and np.asarray copy the row out (the shape

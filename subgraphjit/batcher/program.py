@@ -347,6 +347,12 @@ class _Compiled:
                        and self.shared.values[number].shape.is_fully_defined()]
         self.given = [number for number in range(len(self.shared.values))
                       if number not in self.tables]
+        # Inference reads its variables inside the call (no tape is to see
+        # the reads): an eager read per variable per call cost 0.3 ms.
+        self.read_inside = [number for number in self.given
+                            if isinstance(self.shared.values[number], tf.Variable)]
+        self.inference_given = [number for number in self.given
+                                if number not in self.read_inside]
         self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
                           if _trainable(dtype)]
         self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
@@ -386,6 +392,8 @@ class _Compiled:
         given = [tf.TensorSpec(self.shared.values[number].shape,
                                dtype_of(self.shared.values[number])) for number in self.given]
         if not training:
+            given = [spec for number, spec in zip(self.given, given)
+                     if number not in self.read_inside]
             self.inference = tf.function(
                 lambda *arguments: self._forward(arguments, keep=False), autograph=False,
                 input_signature=steps + sizes + rows + given).get_concrete_function()
@@ -401,12 +409,16 @@ class _Compiled:
             + adjoints + lists
         ).get_concrete_function()
 
-    def _with_tables(self, given):
+    def _with_tables(self, given, inference=False):
         """The shared values inside a trace: those ``given`` as arguments,
-        and the tables, captured."""
+        and the tables, captured; in ``inference``, the variables read
+        here (``read_inside``)."""
         shared = list(self.shared.values)
-        for number, value in zip(self.given, given):
+        for number, value in zip(self.inference_given if inference else self.given, given):
             shared[number] = value
+        if inference:
+            for number in self.read_inside:
+                shared[number] = tf.convert_to_tensor(shared[number])
         return shared
 
     # -- the forward -----------------------------------------------------------
@@ -419,7 +431,7 @@ class _Compiled:
         table, rows, sizes = arguments[:3]
         count = len(self.buffers)
         inputs = arguments[3:3 + count]
-        shared = self._with_tables(arguments[3 + count:])
+        shared = self._with_tables(arguments[3 + count:], inference=not keep)
         for b, (dtype, shape) in enumerate(self.buffers):
             given = tf.shape(inputs[b])[0]
             # The last call's scatters left the variable in copy-on-read
@@ -857,7 +869,7 @@ class _Compiled:
         arrays, inputs, values = arguments or self.arguments(program)
         if not recording:   # inference: no gradient to join to a tape
             given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
-                     else values[number] for number in self.given]
+                     else values[number] for number in self.inference_given]
             return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
