@@ -9,8 +9,9 @@ random minibatches inside a GradientTape, as training does, under each
 scheduler and granularity, and prints per minibatch: the time to run the
 model code (recording), the pattern search and the analysis (grouping,
 duplicates, the schedule, the program's plan; `tf.stats()`, without
-compile time, and without waiting for the previous minibatch's queued
-work), the first two per recorded node, the share of evaluations run as
+compile time, without waiting for the previous minibatch's queued work
+or making the call's tensors, both execution), the first two per
+recorded node, the share of evaluations run as
 a compiled program (the rest ran step by step, whose analysis costs
 more), and their sum against
 DyNet's training step (forward, backward and update) on the same trees,

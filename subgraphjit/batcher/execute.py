@@ -71,12 +71,18 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
         if training:
             # Its arguments are made while the queue still runs, where they
             # are called.  (If that fails, the queue failed: end() raises
-            # its error, or the call makes them again.)
+            # its error, or the call makes them again.)  Making the call's
+            # tensors is execution, as in inference, where the call makes
+            # them.
+            preparing = time.perf_counter()
             try:
                 with overlap.in_place():
                     arguments = compiled.arguments(the_program)
             except tf.errors.OpError:
                 pass
+            prepared = time.perf_counter() - preparing
+            started += prepared
+            statistics["execute_seconds"] += prepared
         waiting = time.perf_counter()
         overlap.end()
         waited = time.perf_counter() - waiting
