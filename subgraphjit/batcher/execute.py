@@ -66,14 +66,16 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
         overlap.begin()
         queued = overlap.active()
     arguments = None
+    # Before ``analysed`` but no analysis: making a training call's tensors
+    # (execution, as in inference, where the call makes them) and the
+    # wait for the other core's work.
+    prepared = waited = 0.0
     if not queued:
         training = compiled is not None and recording
         if training:
             # Its arguments are made while the queue still runs, where they
             # are called.  (If that fails, the queue failed: end() raises
-            # its error, or the call makes them again.)  Making the call's
-            # tensors is execution, as in inference, where the call makes
-            # them.
+            # its error, or the call makes them again.)
             preparing = time.perf_counter()
             try:
                 with overlap.in_place():
@@ -81,13 +83,9 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
             except tf.errors.OpError:
                 pass
             prepared = time.perf_counter() - preparing
-            started += prepared
-            statistics["execute_seconds"] += prepared
         waiting = time.perf_counter()
         overlap.end()
         waited = time.perf_counter() - waiting
-        statistics["queue_wait_seconds"] += waited
-        started += waited  # the wait is the other core's work, not analysis
         if training:
             overlap.begin()
     analysed = time.perf_counter()
@@ -116,8 +114,9 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
             executor.run(batch)
         executor.write_back()
     finished = time.perf_counter()
-    statistics["analysis_seconds"] += analysed - started
-    statistics["execute_seconds"] += finished - analysed
+    statistics["analysis_seconds"] += analysed - started - prepared - waited
+    statistics["queue_wait_seconds"] += waited
+    statistics["execute_seconds"] += finished - analysed + prepared
     statistics["duplicates_skipped"] += graph.duplicates
     return graph
 

@@ -868,8 +868,7 @@ class _Compiled:
         if made before."""
         arrays, inputs, values = arguments or self.arguments(program)
         if not recording:   # inference: no gradient to join to a tape
-            given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
-                     else values[number] for number in self.inference_given]
+            given = _read(values, self.inference_given)
             return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
@@ -883,8 +882,7 @@ class _Compiled:
         # Read where called, not queued: the queue is empty (execute.py),
         # and the tapes, which ask for each read's shape, do not wait for it.
         with overlap.in_place():
-            given = [tf.convert_to_tensor(values[number]) if is_variable(values[number])
-                     else values[number] for number in self.given]
+            given = _read(values, self.given)
         # A table the tapes see looked up, as a sparse_read tells them:
         # its gradient, for its handle, reaches the variable.
         tables = [number for number in self.tables if number in used]
@@ -1096,6 +1094,13 @@ def _each_instance(kind, values, flags, count):
 
     results = tf.map_fn(one, tf.range(count), fn_output_signature=output_signature)
     return results if op_entry.multi_output else results[0]
+
+
+def _read(values, numbers):
+    """The shared values ``numbers``, each variable read (a Keras
+    variable too): the call's arguments."""
+    return [tf.convert_to_tensor(values[number]) if is_variable(values[number])
+            else values[number] for number in numbers]
 
 
 class _Forward:
