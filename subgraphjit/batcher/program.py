@@ -347,12 +347,17 @@ class _Compiled:
                        and self.shared.values[number].shape.is_fully_defined()]
         self.given = [number for number in range(len(self.shared.values))
                       if number not in self.tables]
-        # Inference reads its variables inside the call (no tape is to see
-        # the reads): an eager read per variable per call cost 0.3 ms.
+        # The forward reads the variables inside the call, not as eager
+        # reads before it: 0.3 ms of a 25-tree inference, and in training
+        # 0.5-0.7 ms in which the other core idled between the last
+        # update and this forward (the reads' tape records and waits).
+        # A training forward returns its reads for the backward, and the
+        # tapes see each variable's handle as the op's input.  (A Keras
+        # variable, and a tensor, stays an argument: ``forward_given``.)
         self.read_inside = [number for number in self.given
                             if isinstance(self.shared.values[number], tf.Variable)]
-        self.inference_given = [number for number in self.given
-                                if number not in self.read_inside]
+        self.forward_given = [number for number in self.given
+                              if number not in self.read_inside]
         self.trainable = [number for number, (dtype, _) in enumerate(self.buffers)
                           if _trainable(dtype)]
         self.values = [_scratch((None, *shape), dtype) for dtype, shape in self.buffers]
@@ -391,32 +396,32 @@ class _Compiled:
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
         given = [tf.TensorSpec(self.shared.values[number].shape,
                                dtype_of(self.shared.values[number])) for number in self.given]
+        forward_given = [spec for number, spec in zip(self.given, given)
+                         if number not in self.read_inside]
         if not training:
-            given = [spec for number, spec in zip(self.given, given)
-                     if number not in self.read_inside]
             self.inference = tf.function(
                 lambda *arguments: self._forward(arguments, keep=False), autograph=False,
-                input_signature=steps + sizes + rows + given).get_concrete_function()
+                input_signature=steps + sizes + rows + forward_given).get_concrete_function()
             return
         adjoints = [rows[b] for b in self.trainable]
         lists = [tf.TensorSpec((), tf.variant)] * len(self.product_dtypes)
         self.forward = tf.function(
             lambda *arguments: self._forward(arguments, keep=True), autograph=False,
-            input_signature=steps + sizes + rows + given).get_concrete_function()
+            input_signature=steps + sizes + rows + forward_given).get_concrete_function()
         self.backward = tf.function(
             self._backward, autograph=False,
             input_signature=steps + sizes + rows + given
             + adjoints + lists
         ).get_concrete_function()
 
-    def _with_tables(self, given, inference=False):
+    def _with_tables(self, given, forward=False):
         """The shared values inside a trace: those ``given`` as arguments,
-        and the tables, captured; in ``inference``, the variables read
+        and the tables, captured; in a ``forward``, the variables read
         here (``read_inside``)."""
         shared = list(self.shared.values)
-        for number, value in zip(self.inference_given if inference else self.given, given):
+        for number, value in zip(self.forward_given if forward else self.given, given):
             shared[number] = value
-        if inference:
+        if forward:
             for number in self.read_inside:
                 shared[number] = tf.convert_to_tensor(shared[number])
         return shared
@@ -427,11 +432,12 @@ class _Compiled:
         each is written by its step before anything reads it; zeros cost
         a pass over the buffer), then the inputs' rows, written step by
         step; then, with ``keep``, the lists of the steps' products and
-        lookups (``_keep``)."""
+        lookups (``_keep``) and the values read of ``read_inside``, which
+        the backward is given."""
         table, rows, sizes = arguments[:3]
         count = len(self.buffers)
         inputs = arguments[3:3 + count]
-        shared = self._with_tables(arguments[3 + count:], inference=not keep)
+        shared = self._with_tables(arguments[3 + count:], forward=True)
         for b, (dtype, shape) in enumerate(self.buffers):
             given = tf.shape(inputs[b])[0]
             # The last call's scatters left the variable in copy-on-read
@@ -478,7 +484,8 @@ class _Compiled:
         with tf.control_dependencies(tf.nest.flatten(done)):
             for value in self.values:
                 tf.raw_ops.DisableCopyOnRead(resource=value.handle)
-            return [value.read_value() for value in self.values] + list(done[1:])
+            reads = [shared[number] for number in self.read_inside] if keep else []
+            return [value.read_value() for value in self.values] + list(done[1:]) + reads
 
     def _keep(self, kind_number, s, lists, shared):
         """The forward's products and lookups hooks (``rules.hooks``) for
@@ -868,7 +875,7 @@ class _Compiled:
         if made before."""
         arrays, inputs, values = arguments or self.arguments(program)
         if not recording:   # inference: no gradient to join to a tape
-            given = _read(values, self.inference_given)
+            given = _read(values, self.forward_given)
             return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
         # Values of kinds with steps: a program of more kinds than this
@@ -876,21 +883,29 @@ class _Compiled:
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
         used = {number for kind_number in set(program.steps[:, 0].tolist())
                 for number in _numbers(self.shared.places[kind_number])}
-        # A variable's read is an op the tapes record (and a
+        # A Keras variable's read is an op the tapes record (and a
         # tf.custom_gradient's VariableWatcher sees): the gradient given
         # for the value read reaches the variable, an IndexedSlices as is.
         # Read where called, not queued: the queue is empty (execute.py),
         # and the tapes, which ask for each read's shape, do not wait for it.
         with overlap.in_place():
-            given = _read(values, self.given)
-        # A table the tapes see looked up, as a sparse_read tells them:
-        # its gradient, for its handle, reaches the variable.
+            given = _read(values, self.forward_given)
+        # A variable the forward reads (``read_inside``), and a table it
+        # looks up, as a read or a sparse_read tells the tapes: its
+        # gradient, for its handle, reaches the variable.
         tables = [number for number in self.tables if number in used]
-        for number in tables:
+        for number in self.read_inside + tables:
             variable_accessed(values[number])
         with _tape.stop_recording():
             outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
-        buffers, lists = outputs[:len(self.buffers)], outputs[len(self.buffers):]
+        count, listed = len(self.buffers), len(self.product_dtypes)
+        buffers, lists = outputs[:count], outputs[count:count + listed]
+        # Every shared value given to the backward, in ``given`` order: an
+        # argument of the forward, or its read inside it.
+        read = dict(zip(self.read_inside, outputs[count + listed:]))
+        argument = dict(zip(self.forward_given, given))
+        given = [read[number] if number in read else argument[number]
+                 for number in self.given]
 
         def gradient(*upstream):
             if could_record():
@@ -916,11 +931,14 @@ class _Compiled:
                 rewrite=False)
             by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
-                _gradient(value, shared_gradients[number]) if number in used else None
+                _gradient(values[number] if number in read else value,
+                          shared_gradients[number]) if number in used else None
                 for number, value in zip(self.given, given)] + [
                 _gradient(values[number], shared_gradients[number]) for number in tables]
 
-        tape_inputs = ([inputs[b] for b in carried] + given
+        tape_inputs = ([inputs[b] for b in carried]
+                       + [values[number].handle if number in read else value
+                          for number, value in zip(self.given, given)]
                        + [values[number].handle for number in tables])
         # The variable each input reads, by position (None: not a variable).
         # Where every input that can carry a gradient is a variable's, the
