@@ -792,6 +792,47 @@ def test_a_table_changed_before_the_gradient_gives_eagers_gradient(compiled):
     assert tf.stats()["program_runs"] >= 1
 
 
+@pytest.mark.parametrize("results", ["one loss", "two losses", "watched by hand"])
+def test_a_variable_changed_before_the_gradient_gives_eagers_gradient(compiled, results):
+    """A training forward reads its variables inside the call, and the
+    tapes see their handles: a weight assigned between the loss and
+    ``tape.gradient`` gives the gradients of the loss computed (the
+    backward is given the forward's reads), whether the backward was
+    speculated behind the forward (one loss) or runs when asked (two);
+    and a tape that watches only what it is told gets the weight's
+    gradient through its handle."""
+    rng = np.random.default_rng(43)
+    start = rng.normal(size=(3, 3)).astype(np.float32)
+    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    weight = tensorflow.Variable(start)
+    loss = _lookups_loss(table, weight)
+
+    def gradients(module, instances):
+        weight.assign(start)
+        with module.GradientTape(
+                watch_accessed_variables=results != "watched by hand") as tape:
+            if results == "watched by hand":
+                tape.watch(weight)
+            half = len(instances) // 2
+            values = [loss(module, instances[:half]), loss(module, instances[half:])]
+            if results != "two losses":
+                values = module.add_n(values)
+            if module is tf:
+                values = tf.build(values)
+        weight.assign(start * 2 + 1)
+        return tape.gradient(values, [table, weight])
+
+    for _ in range(3):
+        instances = _random_ids(rng, 4)
+        got, want = gradients(tf, instances), gradients(tensorflow, instances)
+        if results == "watched by hand":
+            assert got[0] is None and want[0] is None
+            got, want = got[1:], want[1:]
+        for got_one, want_one in zip(got, want):
+            assert_gradient_equal(got_one, want_one, atol=1e-5)
+    assert tf.stats()["program_runs"] >= 1
+
+
 def test_a_program_traces_the_modes_it_runs(compiled):
     """A program run for inference traces its inference forward alone (no
     backward); run by a tape later, the same key traces its training
