@@ -596,7 +596,7 @@ forget_entry(PyObject *op_entry)
  * position in the list: it evaluates the nodes before it, or says not now
  * by giving a limit of 0. */
 static PyObject *pending_nodes, *pending_full;
-static Py_ssize_t pending_limit;
+static Py_ssize_t pending_limit, pending_window;
 
 /* Where a part may end: the list's length when an op that reads no
  * recorded node (a leaf's lookup, say) was about to be recorded, and the
@@ -610,11 +610,13 @@ static Py_ssize_t pending_limit;
  * own (at 256 trees: 7-14 kinds a part, against 4 for a whole scope).
  * The clean ones, oldest first (at most CUTS: the oldest are the ones
  * taken); an op reading an older node pops every newer one.  A cut is
- * taken once a window of 1/CUT_WINDOW of the limit has been recorded
- * after it and it is still clean: no instance of a
- * scope that holds ``pending_limit`` nodes is likely to read that far back
- * (the SST Tree-LSTM: 2,500 nodes at the default limit, against about 660
- * a tree and 1,700 for the longest sentence of 52 words).  The window's
+ * taken once a window of ``pending_window`` nodes, 1/CUT_WINDOW of the
+ * limit (or of the larger one given: set_pending's ``window_of``), has
+ * been recorded after it and it is still clean: no instance of a scope
+ * that holds ``pending_limit`` nodes is likely to read that far back (the
+ * SST Tree-LSTM: 2,500 nodes at the default limit, against about 660 a
+ * tree and 1,700 for the longest sentence of 52 words; a smaller limit for
+ * a smaller scope keeps the default's window).  The window's
  * nodes always go to the next part, the last part too, which nothing
  * overlaps: so it is small.  If no cut is clean when the list holds
  * twice the limit (an instance that large: a long sequence), the part
@@ -630,12 +632,21 @@ static int cut_count;
 static PyObject *
 set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t limit = 0;
-    if (nargs < 1 || nargs > 3 || (nargs == 3 && !PyCallable_Check(args[2]))) {
+    Py_ssize_t limit = 0, window_of = -1;
+    if (nargs < 1 || nargs > 4 || (nargs >= 3 && !PyCallable_Check(args[2]))) {
         PyErr_SetString(PyExc_TypeError,
-                        "set_pending(nodes[, limit[, callback]]) takes a list or "
-                        "None, an int and a callable");
+                        "set_pending(nodes[, limit[, callback[, window_of]]]) takes a "
+                        "list or None, an int, a callable and an int");
         return NULL;
+    }
+    if (nargs == 4) {
+        window_of = PyLong_AsSsize_t(args[3]);
+        if (window_of == -1 && PyErr_Occurred())
+            return NULL;
+        if (window_of < 0) {
+            PyErr_SetString(PyExc_ValueError, "set_pending: window_of is negative");
+            return NULL;
+        }
     }
     if (nargs >= 2) {
         limit = PyLong_AsSsize_t(args[1]);
@@ -646,7 +657,7 @@ set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    if (nargs == 3)
+    if (nargs >= 3)
         Py_XSETREF(pending_full, Py_NewRef(args[2]));
     if (limit > 0 && pending_full == NULL) {
         PyErr_SetString(PyExc_ValueError,
@@ -655,6 +666,7 @@ set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XSETREF(pending_nodes, Py_NewRef(args[0]));
     pending_limit = limit;
+    pending_window = (window_of >= 0 ? window_of : limit) / CUT_WINDOW;
     cut_count = 0;   /* (positions in another list, or none wanted) */
     Py_RETURN_NONE;
 }
@@ -697,8 +709,7 @@ pending_full_check(PyObject *const *inputs, Py_ssize_t count)
     }
     while (cut_count > 0 && cuts[cut_count - 1].id > oldest)
         cut_count--;
-    long long window = pending_limit / CUT_WINDOW + 1;
-    if (cut_count > 0 && next_id - cuts[0].id >= window)
+    if (cut_count > 0 && next_id - cuts[0].id > pending_window)
         return cut_pending(Py_MIN(cuts[0].position, size));
     if (reads_node)
         return 0;
@@ -1417,12 +1428,14 @@ static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup,
      METH_VARARGS | METH_KEYWORDS, setup_doc},
     {"set_pending", (PyCFunction)(void (*)(void))set_pending, METH_FASTCALL,
-     "set_pending(nodes, limit=0, callback=None)\n--\n\nWhere record() appends "
+     "set_pending(nodes, limit=0, callback=None, window_of=limit)\n--\n\n"
+     "Where record() appends "
      "each node it records: the context's ``pending`` (a list, None, or "
      "anything with append).  Once the list holds ``limit`` nodes (0: never), "
      "a later record() first calls ``callback`` (given once, kept) with a "
      "position in the list: the nodes before it are whole instances (no "
-     "later op read one of them unevaluated), or, if none were found, all "
+     "later op read one of them unevaluated in the window of "
+     "``window_of`` / 16 nodes since), or, if none were found, all "
      "of them (pending_full_check)."},
     {"next_node_id", next_node_id, METH_NOARGS,
      "The id the next recorded node will get (takes none)."},

@@ -87,7 +87,7 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
         self._judged = eager_scopes.enter(sys._getframe(1), "inference")
         self._recording = self._judged is None or not self._judged.eager
         if self._recording:
-            context.open_scope()
+            context.open_scope("inference")
 
     def __exit__(self, kind, error, traceback):
         failed = True
@@ -118,7 +118,7 @@ class GradientTape(tf.GradientTape):
 
     def __enter__(self):
         self._judged = eager_scopes.enter(sys._getframe(1), "training")
-        context.open_scope()
+        context.open_scope("training")
         try:
             entered = super().__enter__()
         except BaseException:

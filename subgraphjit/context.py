@@ -52,6 +52,17 @@ def _one_of(*choices):
     return lambda value: value in choices
 
 
+# A scope smaller than twice the ``pipeline`` parameter (by the last
+# scope of its mode) evaluates in two parts: the first at this share of
+# that size, whose program runs while the rest records, and the rest when
+# the scope closes.  At 25 trees of the SST Tree-LSTM (17,000 nodes):
+# 0.92x the time of one program, against 0.94-0.96x for first shares of
+# 0.4-0.5 and 0.97x for parts of 7,500 nodes (three, the last small)
+# (BENCHMARKS.md).  Under MIN_PART nodes a part's own costs (its call's
+# arguments, its program's steps) outweigh what it overlaps.
+FIRST_SHARE = 0.35
+MIN_PART = 5_000
+
 PARAMETERS = {
     "mode": Parameter(
         "lazy", str, _one_of("lazy", "eager"),
@@ -125,8 +136,10 @@ PARAMETERS = {
         "their compiled program runs on another core (overlap.py), which "
         "needs 'overlap'; 0: a scope is evaluated only when it closes "
         "(40,000, the default: about 60 trees of the SST Tree-LSTM, so a "
-        "minibatch of 256 evaluates in four parts, one of 25 whole; see "
-        "BENCHMARKS.md)"),
+        "minibatch of 256 evaluates in four parts and the rest; where the "
+        "last inference scope recorded fewer than twice this many, as a "
+        "minibatch of 25 trees, one part of 35% of its count, at least "
+        "5,000 nodes, and the rest; see BENCHMARKS.md)"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "
@@ -186,6 +199,12 @@ class Context:
         # recording hot path.
         self.scopes = []
         self.scopes_opened = 0   # ever (a granularity trial's turn ends at one)
+        # The outermost scope's mode and first node id; per mode, the
+        # nodes its last outermost scope recorded; the pipeline's limit,
+        # and whether the scope has one part before its close (FIRST_SHARE).
+        self.scope_start = None
+        self.last_scope_nodes = {}
+        self.pipeline_limit, self.one_part = 0, False
         self.pipeline_callback = None
         self.pending = None
         self.collector_was_on = True
@@ -238,14 +257,28 @@ class Context:
         if nodes is None or callback is None:
             _native.set_pending(nodes)
         else:
-            _native.set_pending(nodes, self.parameters["pipeline"], callback)
+            # (A limit under the parameter keeps the parameter's window.)
+            _native.set_pending(nodes, self.pipeline_limit, callback,
+                                max(self.pipeline_limit, self.parameters["pipeline"]))
+
+    def _pipeline_limit(self, mode):
+        """The nodes of a scope's parts, and whether it has only one before
+        its close: the ``pipeline`` parameter, or for a scope whose mode's
+        last one recorded fewer than twice it, one part of FIRST_SHARE of
+        that (at least MIN_PART, at most the parameter)."""
+        limit = self.parameters["pipeline"]
+        last = self.last_scope_nodes.get(mode)
+        if last is None or last >= 2 * limit:
+            return limit, False
+        return min(limit, max(MIN_PART, int(last * FIRST_SHARE))), True
 
     def pause_pipeline(self):
         """No pipelined evaluation in this scope (until another opens or
         closes)."""
         _native.set_pending(self._pending)
 
-    def open_scope(self):
+    def open_scope(self, mode):
+        """A scope of ``mode``: "training" (a tape's) or "inference"."""
         # Everything recorded in a scope stays alive until the scope closes,
         # so the cyclic collector can free none of it; left on, it would
         # sweep the growing graph again and again (7 microseconds per op at
@@ -254,6 +287,8 @@ class Context:
         if not self.scopes:
             self.collector_was_on = gc.isenabled()
             gc.disable()
+            self.scope_start = (mode, next_node_id())
+            self.pipeline_limit, self.one_part = self._pipeline_limit(mode)
         self.pending = []
         self.scopes.append(self.pending)
         self.scopes_opened += 1
@@ -262,6 +297,9 @@ class Context:
         """Close the innermost scope; returns its nodes still to evaluate."""
         recorded = self.scopes.pop()
         self.pending = self.scopes[-1] if self.scopes else None
+        if not self.scopes:
+            mode, first = self.scope_start
+            self.last_scope_nodes[mode] = next_node_id() - first
         # A node nothing else references (not the user, not a later node)
         # can never be asked for its value, and no gradient reaches it, so
         # it is dropped, not evaluated: evaluated in one batch with live

@@ -231,9 +231,10 @@ def evaluate_so_far(upto):
     # be ``compile`` of the last 16 cost a 256-tree Tree-LSTM's inference
     # two passes of 2,000 trees; the compile budget bounds the waste).
     evaluate(recorded, required=(), pipelined=True, compile_after=1)
-    if not overlap.holding():
+    if not overlap.holding() or context.one_part:
         # It ran where it was called (its program not compiled, or over
-        # varying shapes): the rest of the scope runs as one, batched.
+        # varying shapes), or the scope is small (context.FIRST_SHARE):
+        # the rest of the scope runs as one, batched.
         context.pause_pipeline()
 
 

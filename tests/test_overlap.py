@@ -275,6 +275,10 @@ def test_pipeline_bookkeeping_refuses_bad_input():
             _native.set_pending([], 5, "not callable")
         with pytest.raises(ValueError):
             _native.set_pending([], -1)
+        with pytest.raises(ValueError):
+            _native.set_pending([], 5, lambda position: None, -1)
+        with pytest.raises(TypeError):
+            _native.set_pending([], 5, lambda position: None, 5, 5)
     finally:
         context.pending = context.pending   # (gives the recorder its own again)
     with pytest.raises(ValueError):
