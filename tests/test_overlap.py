@@ -323,3 +323,52 @@ def test_a_function_called_unrewritten_skips_grappler_and_keeps_the_callers_opti
         assert current.function_call_options is caller
     finally:
         current.function_call_options = saved
+
+
+def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, monkeypatch):
+    """Where the last inference scope recorded fewer than twice
+    ``pipeline`` nodes, the next evaluates one part of FIRST_SHARE of
+    that count (cut between trees, as the parameter's window keeps it)
+    while the rest records, and the rest at its close: two evaluations,
+    eager's values."""
+    from subgraphjit import _native, context as context_module, evaluate
+    from subgraphjit.context import context
+    rng = np.random.default_rng(14)
+    model = MODELS["tree_lstm"](rng)
+    cuts = []
+
+    def evaluate_so_far(upto, evaluate_so_far=evaluate.evaluate_so_far):
+        pending = context.pending
+        cuts.append(pending[upto].id if upto < len(pending) else _native.next_node_id())
+        evaluate_so_far(upto)
+
+    monkeypatch.setattr(context, "pipeline_callback", evaluate_so_far)
+    previous = tf.get_parameter("pipeline")
+    tf.set_parameter("pipeline", 20_000)   # (these scopes: about 18,000 nodes)
+    try:
+        for round in range(3):
+            examples = model.random_examples(rng, 100)
+            expected = [float(model.loss(tensorflow, example)) for example in examples]
+            last = context.last_scope_nodes.get("inference")
+            tf.reset_stats()
+            starts, losses = set(), []
+            with tf.batching():
+                for example in examples:
+                    starts.add(_native.next_node_id())
+                    losses.append(model.loss(tf, example))
+            np.testing.assert_allclose([float(loss) for loss in losses], expected,
+                                       rtol=1e-5, atol=1e-6)
+            recorded = context.last_scope_nodes["inference"]
+            assert recorded < 2 * 20_000, recorded   # (else the parameter's parts)
+            stats = tf.stats()
+            if round == 0:   # no scope before it: the parameter's limit
+                assert last is None and not cuts and stats["evaluations"] == 1
+                continue
+            assert context.pipeline_limit == max(context_module.MIN_PART,
+                                                 int(last * context_module.FIRST_SHARE))
+            assert len(cuts) == 1 and set(cuts) <= starts, (cuts, sorted(starts))
+            assert stats["pipelined_evaluations"] == 1 and stats["evaluations"] == 2
+            cuts.clear()
+    finally:
+        overlap.end()
+        tf.set_parameter("pipeline", previous)
