@@ -614,9 +614,10 @@ static Py_ssize_t pending_limit, pending_window;
  * limit (or of the larger one given: set_pending's ``window_of``), has
  * been recorded after it and it is still clean: no instance of a scope
  * that holds ``pending_limit`` nodes is likely to read that far back (the
- * SST Tree-LSTM: 2,500 nodes at the default limit, against about 660 a
- * tree and 1,700 for the longest sentence of 52 words; a smaller limit for
- * a smaller scope keeps the default's window).  The window's
+ * SST Tree-LSTM: 1,250 nodes at the default limit, against about 660 a
+ * tree; only a right subtree longer than that, in a sentence of over 40
+ * words, can be cut from its parent; a smaller limit for a smaller scope
+ * keeps the default's window).  The window's
  * nodes always go to the next part, the last part too, which nothing
  * overlaps: so it is small.  If no cut is clean when the list holds
  * twice the limit (an instance that large: a long sequence), the part
