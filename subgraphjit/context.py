@@ -56,7 +56,7 @@ def _one_of(*choices):
 # scope of its mode) evaluates in two parts: the first at this share of
 # that size, whose program runs while the rest records, and the rest when
 # the scope closes.  At 25 trees of the SST Tree-LSTM (17,000 nodes):
-# 0.92x the time of one program, against 0.94-0.96x for first shares of
+# 0.91-0.92x the time of one program, against 0.94-0.96x for first shares of
 # 0.4-0.5 and 0.97x for parts of 7,500 nodes (three, the last small)
 # (BENCHMARKS.md).  Under MIN_PART nodes a part's own costs (its call's
 # arguments, its program's steps) outweigh what it overlaps.

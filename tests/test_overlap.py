@@ -343,6 +343,7 @@ def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, m
         evaluate_so_far(upto)
 
     monkeypatch.setattr(context, "pipeline_callback", evaluate_so_far)
+    monkeypatch.setattr(context, "last_scope_nodes", {})   # (no scope before)
     previous = tf.get_parameter("pipeline")
     tf.set_parameter("pipeline", 20_000)   # (these scopes: about 18,000 nodes)
     try:

@@ -24,8 +24,10 @@ the IndexedSlices eager TensorFlow gives, with an entry per lookup.
 The call joins the two to the user's tape as one recorded op whose
 gradient is the backward call (what ``tf.custom_gradient`` does, without
 its extra op per output and second read of each variable): the forward
-runs with the tapes paused, reading the variables' values, which the tape
-saw read, and the shared tensors as plain inputs.  A variable the program
+runs with the tapes paused, reads the variables inside the call (the
+op's inputs for the tapes are their handles, as a read's are, and the
+backward is given the values the forward read) and takes the shared
+tensors as plain inputs.  A variable the program
 only looks rows up in (an embedding: a *table*) is never read whole: the
 traces capture it and gather rows, the forward keeps the rows for the
 backward as it keeps products, and the table's gradient reaches its
@@ -349,8 +351,8 @@ class _Compiled:
                       if number not in self.tables]
         # The forward reads the variables inside the call, not as eager
         # reads before it: 0.3 ms of a 25-tree inference, and in training
-        # 0.5-0.7 ms in which the other core idled between the last
-        # update and this forward (the reads' tape records and waits).
+        # 0.5-0.7 ms (50-300 us a read, on the tape) in which the other
+        # core idled between the last update and this forward.
         # A training forward returns its reads for the backward, and the
         # tapes see each variable's handle as the op's input.  (A Keras
         # variable, and a tensor, stays an argument: ``forward_given``.)
