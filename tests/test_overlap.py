@@ -199,18 +199,12 @@ def test_an_error_in_a_pipelined_part_names_the_users_line(pipelined):
     np.testing.assert_allclose(lazy_losses(model, examples), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_pipelined_parts_end_between_trees(compiled, monkeypatch):
-    """A part ends where no later op reads back into it: before a tree's
-    first leaf, not before a right subtree's first leaf (whose parent would
-    read the left subtree's outputs from the part before, and run its
-    cell's ops as kinds of their own, in a program of their own).  The
-    limit's window (1/16 of it, 301 nodes) is longer than any of these
-    trees (at most 11 leaves, about 280 nodes)."""
+def _recorded_cuts(monkeypatch):
+    """The list of the first node id after each pipelined part, as they
+    are cut."""
     from subgraphjit import _native, evaluate
     from subgraphjit.context import context
-    rng = np.random.default_rng(12)
-    model = MODELS["tree_lstm"](rng)
-    cuts = []   # the id of the first node after each part
+    cuts = []
 
     def evaluate_so_far(upto, evaluate_so_far=evaluate.evaluate_so_far):
         pending = context.pending
@@ -218,19 +212,39 @@ def test_pipelined_parts_end_between_trees(compiled, monkeypatch):
         evaluate_so_far(upto)
 
     monkeypatch.setattr(context, "pipeline_callback", evaluate_so_far)
+    return cuts
+
+
+def _losses_in_a_scope(model, examples):
+    """The examples' losses in one batching scope, checked against eager's,
+    and the id of each example's first node."""
+    from subgraphjit import _native
+    expected = [float(model.loss(tensorflow, example)) for example in examples]
+    starts, losses = set(), []
+    with tf.batching():
+        for example in examples:
+            starts.add(_native.next_node_id())
+            losses.append(model.loss(tf, example))
+    np.testing.assert_allclose([float(loss) for loss in losses], expected,
+                               rtol=1e-5, atol=1e-6)
+    return starts
+
+
+def test_pipelined_parts_end_between_trees(compiled, monkeypatch):
+    """A part ends where no later op reads back into it: before a tree's
+    first leaf, not before a right subtree's first leaf (whose parent would
+    read the left subtree's outputs from the part before, and run its
+    cell's ops as kinds of their own, in a program of their own).  The
+    limit's window (1/16 of it, 301 nodes) is longer than any of these
+    trees (at most 11 leaves, about 280 nodes)."""
+    rng = np.random.default_rng(12)
+    model = MODELS["tree_lstm"](rng)
+    cuts = _recorded_cuts(monkeypatch)
     previous = tf.get_parameter("pipeline")
     tf.set_parameter("pipeline", 4800)
     try:
         for _ in range(3):
-            examples = model.random_examples(rng, 160)
-            expected = [float(model.loss(tensorflow, example)) for example in examples]
-            starts, losses = set(), []
-            with tf.batching():
-                for example in examples:
-                    starts.add(_native.next_node_id())
-                    losses.append(model.loss(tf, example))
-            np.testing.assert_allclose([float(loss) for loss in losses], expected,
-                                       rtol=1e-5, atol=1e-6)
+            starts = _losses_in_a_scope(model, model.random_examples(rng, 160))
             assert cuts and set(cuts) <= starts, (cuts, sorted(starts))
             cuts.clear()
     finally:
@@ -331,34 +345,19 @@ def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, m
     that count (cut between trees, as the parameter's window keeps it)
     while the rest records, and the rest at its close: two evaluations,
     eager's values."""
-    from subgraphjit import _native, context as context_module, evaluate
+    from subgraphjit import context as context_module
     from subgraphjit.context import context
     rng = np.random.default_rng(14)
     model = MODELS["tree_lstm"](rng)
-    cuts = []
-
-    def evaluate_so_far(upto, evaluate_so_far=evaluate.evaluate_so_far):
-        pending = context.pending
-        cuts.append(pending[upto].id if upto < len(pending) else _native.next_node_id())
-        evaluate_so_far(upto)
-
-    monkeypatch.setattr(context, "pipeline_callback", evaluate_so_far)
+    cuts = _recorded_cuts(monkeypatch)
     monkeypatch.setattr(context, "last_scope_nodes", {})   # (no scope before)
     previous = tf.get_parameter("pipeline")
     tf.set_parameter("pipeline", 20_000)   # (these scopes: about 18,000 nodes)
     try:
         for round in range(3):
-            examples = model.random_examples(rng, 100)
-            expected = [float(model.loss(tensorflow, example)) for example in examples]
             last = context.last_scope_nodes.get("inference")
             tf.reset_stats()
-            starts, losses = set(), []
-            with tf.batching():
-                for example in examples:
-                    starts.add(_native.next_node_id())
-                    losses.append(model.loss(tf, example))
-            np.testing.assert_allclose([float(loss) for loss in losses], expected,
-                                       rtol=1e-5, atol=1e-6)
+            starts = _losses_in_a_scope(model, model.random_examples(rng, 100))
             recorded = context.last_scope_nodes["inference"]
             assert recorded < 2 * 20_000, recorded   # (else the parameter's parts)
             stats = tf.stats()
