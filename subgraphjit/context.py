@@ -263,12 +263,13 @@ class Context:
 
     def _pipeline_limit(self, mode):
         """The nodes of a scope's parts, and whether it has only one before
-        its close: the ``pipeline`` parameter, or for a scope whose mode's
-        last one recorded fewer than twice it, one part of FIRST_SHARE of
-        that (at least MIN_PART, at most the parameter)."""
+        its close: the ``pipeline`` parameter, or for an inference scope
+        whose last predecessor recorded fewer than twice it, one part of
+        FIRST_SHARE of that (at least MIN_PART, at most the parameter).
+        (A tape's scope is never pipelined: evaluate_so_far.)"""
         limit = self.parameters["pipeline"]
         last = self.last_scope_nodes.get(mode)
-        if last is None or last >= 2 * limit:
+        if mode != "inference" or last is None or last >= 2 * limit:
             return limit, False
         return min(limit, max(MIN_PART, int(last * FIRST_SHARE))), True
 
