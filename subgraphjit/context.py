@@ -199,11 +199,12 @@ class Context:
         # recording hot path.
         self.scopes = []
         self.scopes_opened = 0   # ever (a granularity trial's turn ends at one)
-        # The outermost scope's mode and first node id; per mode, the
-        # nodes its last outermost scope recorded; the pipeline's limit,
-        # and whether the scope has one part before its close (FIRST_SHARE).
+        # The outermost scope's mode and first node id; the nodes the last
+        # outermost inference scope recorded (None: none yet); the
+        # pipeline's limit, and whether the scope has one part before its
+        # close (FIRST_SHARE).
         self.scope_start = None
-        self.last_scope_nodes = {}
+        self.last_inference_nodes = None
         self.pipeline_limit, self.one_part = 0, False
         self.pipeline_callback = None
         self.pending = None
@@ -268,7 +269,7 @@ class Context:
         FIRST_SHARE of that (at least MIN_PART, at most the parameter).
         (A tape's scope is never pipelined: evaluate_so_far.)"""
         limit = self.parameters["pipeline"]
-        last = self.last_scope_nodes.get(mode)
+        last = self.last_inference_nodes
         if mode != "inference" or last is None or last >= 2 * limit:
             return limit, False
         return min(limit, max(MIN_PART, int(last * FIRST_SHARE))), True
@@ -298,9 +299,9 @@ class Context:
         """Close the innermost scope; returns its nodes still to evaluate."""
         recorded = self.scopes.pop()
         self.pending = self.scopes[-1] if self.scopes else None
-        if not self.scopes:
-            mode, first = self.scope_start
-            self.last_scope_nodes[mode] = next_node_id() - first
+        mode, first = self.scope_start
+        if not self.scopes and mode == "inference":
+            self.last_inference_nodes = next_node_id() - first
         # A node nothing else references (not the user, not a later node)
         # can never be asked for its value, and no gradient reaches it, so
         # it is dropped, not evaluated: evaluated in one batch with live

@@ -350,15 +350,15 @@ def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, m
     rng = np.random.default_rng(14)
     model = MODELS["tree_lstm"](rng)
     cuts = _recorded_cuts(monkeypatch)
-    monkeypatch.setattr(context, "last_scope_nodes", {})   # (no scope before)
+    monkeypatch.setattr(context, "last_inference_nodes", None)   # (no scope before)
     previous = tf.get_parameter("pipeline")
     tf.set_parameter("pipeline", 20_000)   # (these scopes: about 18,000 nodes)
     try:
         for round in range(3):
-            last = context.last_scope_nodes.get("inference")
+            last = context.last_inference_nodes
             tf.reset_stats()
             starts = _losses_in_a_scope(model, model.random_examples(rng, 100))
-            recorded = context.last_scope_nodes["inference"]
+            recorded = context.last_inference_nodes
             assert recorded < 2 * 20_000, recorded   # (else the parameter's parts)
             stats = tf.stats()
             if round == 0:   # no scope before it: the parameter's limit

@@ -897,7 +897,8 @@ class _Compiled:
         # gradient, for its handle, reaches the variable.
         tables = [number for number in self.tables if number in used]
         for number in self.read_inside + tables:
-            variable_accessed(values[number])
+            if number in used:   # (as eager reads only the variables it uses)
+                variable_accessed(values[number])
         with _tape.stop_recording():
             outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
         count, listed = len(self.buffers), len(self.product_dtypes)

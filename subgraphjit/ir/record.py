@@ -36,7 +36,8 @@ from .table import ACCESS, freeze
 
 # The hot path, in C (``native/_native.c``): ``record(entry, inputs, attrs)``
 # (the generated wrappers call its form ``record_operands(entry, attrs,
-# *inputs)``, which takes no tuple of the operands) builds the cache key (attrs, their types, one spec per operand), counts
+# *inputs)``, which takes no tuple of the operands) builds the cache key
+# (attrs, their types, one spec per operand), counts
 # consumers, looks the output spec up in ``entry.cache`` (``_infer`` on a
 # miss), takes the user's call site, and returns a VirtualNode (a list of
 # accesses for a multi-output entry), appended to ``context.pending`` in a
