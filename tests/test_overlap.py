@@ -339,6 +339,60 @@ def test_a_function_called_unrewritten_skips_grappler_and_keeps_the_callers_opti
         current.function_call_options = saved
 
 
+def test_a_function_called_again_runs_as_its_plain_call_and_records_on_tapes(monkeypatch):
+    """After its first call, ``overlap.call`` runs a function as the one op
+    its plain call ends in (``_DirectCall``): the same structured results,
+    a captured variable read as it is now, call options changed between
+    calls taken.  Where a tape records, the plain call runs, and the tape
+    gets the gradient."""
+    weight = tensorflow.Variable([1.0, 2.0])
+
+    @tensorflow.function
+    def product(x, y):
+        return x * y * weight, [x + y]
+    concrete = product.get_concrete_function(
+        tensorflow.TensorSpec((2,), tensorflow.float32),
+        tensorflow.TensorSpec((2,), tensorflow.float32))
+    plain_calls = []
+    call_flat = concrete._call_flat
+    monkeypatch.setattr(concrete, "_call_flat",
+                        lambda *a: plain_calls.append(1) or call_flat(*a), raising=False)
+    rng = np.random.default_rng(5)
+    for round in range(4):
+        x, y = (tensorflow.constant(rng.normal(size=2).astype(np.float32)) for _ in "xy")
+        if round == 2:
+            weight.assign([3.0, -1.0])
+        made, (total,) = overlap.call(concrete, [x, y])
+        np.testing.assert_allclose(made, x * y * weight, rtol=1e-6)
+        np.testing.assert_allclose(total, x + y, rtol=1e-6)
+    assert len(plain_calls) == 1 and overlap._direct[concrete] is not None
+
+    with tensorflow.GradientTape() as tape:
+        tape.watch(x)
+        made, _ = overlap.call(concrete, [x, y])
+    np.testing.assert_allclose(tape.gradient(made, x), y * weight, rtol=1e-6)
+    assert len(plain_calls) == 2
+    with tensorflow.GradientTape() as tape:
+        tape.watch(x)
+        with tape.stop_recording():
+            overlap.call(concrete, [x, y])
+    assert len(plain_calls) == 2
+
+    from tensorflow.python.eager import context as eager_context
+    current = eager_context.context()
+    saved = current.function_call_options
+    from tensorflow.core.protobuf import config_pb2
+    current.function_call_options = type(saved)(config_proto=config_pb2.ConfigProto.FromString(
+        saved.config_proto_serialized))
+    try:
+        made, _ = overlap.call(concrete, [x, y])
+        assert overlap._direct[concrete].options is current.function_call_options
+    finally:
+        current.function_call_options = saved
+    np.testing.assert_allclose(made, x * y * weight, rtol=1e-6)
+    assert len(plain_calls) == 2
+
+
 def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, monkeypatch):
     """Where the last inference scope recorded fewer than twice
     ``pipeline`` nodes, the next evaluates one part of FIRST_SHARE of
