@@ -630,6 +630,21 @@ enum { CUTS = 64, CUT_WINDOW = 16 };
 static Cut cuts[CUTS];
 static int cut_count;
 
+/* A count argument of set_pending: 0 with *count set, or -1 with an
+ * exception set (not an int, or negative). */
+static int
+count_argument(PyObject *given, const char *name, Py_ssize_t *count)
+{
+    *count = PyLong_AsSsize_t(given);
+    if (*count == -1 && PyErr_Occurred())
+        return -1;
+    if (*count < 0) {
+        PyErr_Format(PyExc_ValueError, "set_pending: %s is negative", name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -640,24 +655,9 @@ set_pending(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "list or None, an int, a callable and an int");
         return NULL;
     }
-    if (nargs == 4) {
-        window_of = PyLong_AsSsize_t(args[3]);
-        if (window_of == -1 && PyErr_Occurred())
-            return NULL;
-        if (window_of < 0) {
-            PyErr_SetString(PyExc_ValueError, "set_pending: window_of is negative");
-            return NULL;
-        }
-    }
-    if (nargs >= 2) {
-        limit = PyLong_AsSsize_t(args[1]);
-        if (limit == -1 && PyErr_Occurred())
-            return NULL;
-        if (limit < 0) {
-            PyErr_SetString(PyExc_ValueError, "set_pending: the limit is negative");
-            return NULL;
-        }
-    }
+    if ((nargs >= 2 && count_argument(args[1], "the limit", &limit) < 0)
+            || (nargs == 4 && count_argument(args[3], "window_of", &window_of) < 0))
+        return NULL;
     if (nargs >= 3)
         Py_XSETREF(pending_full, Py_NewRef(args[2]));
     if (limit > 0 && pending_full == NULL) {

@@ -52,8 +52,8 @@ def _one_of(*choices):
     return lambda value: value in choices
 
 
-# A scope smaller than twice the ``pipeline`` parameter (by the last
-# scope of its mode) evaluates in two parts: the first at this share of
+# An inference scope smaller than twice the ``pipeline`` parameter (by the
+# last inference scope's size) evaluates in two parts: the first at this share of
 # that size, whose program runs while the rest records, and the rest when
 # the scope closes.  At 25 trees of the SST Tree-LSTM (17,000 nodes):
 # 0.91-0.92x the time of one program, against 0.94-0.96x for first shares of
@@ -138,8 +138,8 @@ PARAMETERS = {
         "(20,000, the default: about 30 trees of the SST Tree-LSTM, so a "
         "minibatch of 256 evaluates in eight parts and the rest; where the "
         "last inference scope recorded fewer than twice this many, as a "
-        "minibatch of 25 trees, one part of 35% of its count, at least "
-        "5,000 nodes, and the rest; see BENCHMARKS.md)"),
+        f"minibatch of 25 trees, one part of {FIRST_SHARE:.0%} of its count, "
+        f"at least {MIN_PART:,} nodes, and the rest; see BENCHMARKS.md)"),
     "fsm_encoding": Parameter(
         "sort", str, _one_of("sort", "max", "base"),
         "the FSM scheduler's state: frontier types sorted by count ('sort'), "

@@ -48,6 +48,13 @@ import tensorflow as tf
 from . import _native
 from .context import context
 
+try:   # (private, for _DirectCall: where they move, every call is plain)
+    from tensorflow.python import pywrap_tfe as _pywrap_tfe
+    from tensorflow.python.eager import cancellation as _cancellation
+    from tensorflow.python.eager import execute as _execute
+except ImportError:
+    _pywrap_tfe = None
+
 _thread = threading.local()
 
 
@@ -196,8 +203,8 @@ def call(concrete, tensors, rewrite=True):
     call_flat = getattr(concrete, "_call_flat", None)
     if call_flat is None:
         return concrete(*tensors)
-    direct = _direct.get(concrete) if DIRECT else None
-    if direct is not None:
+    direct = _direct.get(concrete, _UNSEEN) if DIRECT else None
+    if direct is not None and direct is not _UNSEEN:
         outputs = direct(tensors, rewrite)
         if outputs is not None:
             return outputs
@@ -207,7 +214,7 @@ def call(concrete, tensors, rewrite=True):
         traced = tf.nest.flatten(concrete.structured_outputs, expand_composites=True)
         for tensor, symbolic in zip(tf.nest.flatten(outputs, expand_composites=True), traced):
             promise(tensor, symbolic.shape)
-    if direct is None and DIRECT and concrete not in _direct:
+    if direct is _UNSEEN:
         _direct[concrete] = _DirectCall.of(concrete)
     return outputs
 
@@ -216,6 +223,7 @@ def call(concrete, tensors, rewrite=True):
 # call ends in (_DirectCall); off only to time the difference.
 DIRECT = True
 _direct = weakref.WeakKeyDictionary()   # concrete function -> _DirectCall or None
+_UNSEEN = object()   # (not called yet)
 
 
 class _DirectCall:
@@ -228,26 +236,23 @@ class _DirectCall:
 
     @classmethod
     def of(cls, concrete):
+        if _pywrap_tfe is None:
+            return None
         try:
-            from tensorflow.python import pywrap_tfe
-            from tensorflow.python.eager import cancellation, execute
             function = concrete._inference_function
             outputs = function.function_type.flat_outputs
             if any(output.dtype._handle_data for output in outputs):
                 return None   # (which the plain call sets on its outputs)
-            return cls(concrete, function, len(outputs),
-                       (cancellation, execute, pywrap_tfe))
-        except (ImportError, AttributeError, TypeError):
+            return cls(concrete, function, [output.shape for output in outputs])
+        except (AttributeError, TypeError):
             return None
 
-    def __init__(self, concrete, function, count, modules):
+    def __init__(self, concrete, function, shapes):
         self.concrete = weakref.ref(concrete)
         self.function, self.name = function, function.name.decode()
-        self.count = count
-        self.cancellation, self.execute, self.pywrap = modules
+        self.shapes = shapes   # each output's, as traced (``promise``)
         self.options = None   # the thread's call options the attributes are of
         self.attributes = None
-        self.shapes = None   # each output's, as traced (promise)
 
     def __call__(self, tensors, rewrite):
         """The outputs, or None where the plain call must run."""
@@ -257,22 +262,19 @@ class _DirectCall:
         arguments = [*tensors, *self.concrete().captured_inputs]
         # Where a tape or accumulator could record the call (as the plain
         # call asks), the plain call records it.
-        recorded = (not self.pywrap.TFE_Py_TapeSetIsStopped()
-                    and self.pywrap.TFE_Py_TapeSetPossibleGradientTypes(arguments))
-        if recorded or self.cancellation.context() is not None:
+        recorded = (not _pywrap_tfe.TFE_Py_TapeSetIsStopped()
+                    and _pywrap_tfe.TFE_Py_TapeSetPossibleGradientTypes(arguments))
+        if recorded or _cancellation.context() is not None:
             return None
         if current.function_call_options is not self.options:
             self.options = current.function_call_options
             self.attributes = [self._attributes(current, False),
                                self._attributes(current, True)]
-        flat = self.execute.quick_execute(self.name, self.count, arguments,
-                                          self.attributes[rewrite], current)
+        flat = _execute.quick_execute(self.name, len(self.shapes), arguments,
+                                      self.attributes[rewrite], current)
         if active():
-            if self.shapes is None:
-                self.shapes = [tf.TensorShape(output.shape)
-                               for output in self.function.function_type.flat_outputs]
             for tensor, shape in zip(flat, self.shapes):
-                _thread.promised[id(tensor)] = (tensor, shape)
+                promise(tensor, shape)
         return self.function.function_type.pack_output(flat)
 
     @staticmethod

@@ -895,10 +895,11 @@ class _Compiled:
         # A variable the forward reads (``read_inside``), and a table it
         # looks up, as a read or a sparse_read tells the tapes: its
         # gradient, for its handle, reaches the variable.
+        # (Only those this minibatch's steps use, as eager reads only those.)
+        read_now = [number for number in self.read_inside if number in used]
         tables = [number for number in self.tables if number in used]
-        for number in self.read_inside + tables:
-            if number in used:   # (as eager reads only the variables it uses)
-                variable_accessed(values[number])
+        for number in read_now + tables:
+            variable_accessed(values[number])
         with _tape.stop_recording():
             outputs = overlap.call(self.forward, [*arrays, *inputs, *given], rewrite=False)
         count, listed = len(self.buffers), len(self.product_dtypes)
