@@ -95,9 +95,11 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
             if self._recording:
                 recorded = context.close_scope()
                 if kind is None:
-                    evaluate(recorded, required=())
-                    # (A pipelined part may be all there was: its program
-                    # may still run.)
+                    # Its program queued behind the pipelined parts', and
+                    # waited for here: meanwhile the last scope's graph is
+                    # freed (overlap.end), and a queued failure is raised
+                    # as the user's line.
+                    evaluate(recorded, required=(), queue=True)
                     if overlap.holding():
                         overlap.end()
             failed = kind is not None

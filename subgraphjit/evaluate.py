@@ -48,7 +48,7 @@ def run_node(node):
 
 
 def evaluate(targets, required=None, forced_by=None, pipelined=False,
-             compile_after=None):
+             compile_after=None, queue=False):
     """Evaluate the VirtualNodes in ``targets`` (and what they depend on).
 
     ``required``: the nodes that must have values afterwards (all targets
@@ -59,6 +59,9 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
     ``forced.forced_site`` describes it.  ``pipelined``: part of a scope
     evaluated while the rest records (``evaluate_so_far``).
     ``compile_after``: as the parameter ``compile`` (None: the parameter).
+    ``queue``: as for a pipelined part, a compiled program no tape can
+    record is queued (overlap.py), for the caller to wait for
+    (``overlap.end``): a scope's close.
     """
     targets = targets if type(targets) in (list, tuple) else list(targets)
     if forced_by is None:
@@ -103,7 +106,7 @@ def evaluate(targets, required=None, forced_by=None, pipelined=False,
                 and search.SEARCH.trial_settling):
             compile_after = 1   # (a granularity trial times units as they will run)
         launches = _run(nodes, targets if required is None else required,
-                        compile_after=compile_after, pipelined=pipelined)
+                        compile_after=compile_after, queue=pipelined or queue)
     finally:
         if collector_was_on:
             gc.enable()
@@ -164,7 +167,7 @@ def debug_summary(before, after, nodes, launches, seconds, forced_by=None):
     return "\n".join(lines)
 
 
-def _run(nodes, required, compile_after, pipelined=False):
+def _run(nodes, required, compile_after, queue=False):
     """Run the nodes, batched unless the scheduler is 'none'; returns the
     number of ops launched.  (A compiled program may leave a node that
     neither a later node nor the caller needs to be computed if asked.)
@@ -180,7 +183,7 @@ def _run(nodes, required, compile_after, pipelined=False):
     statistics = context.batching
     before = statistics["batches"]
     graph = execute(nodes, statistics, _scheduler(scheduler),
-                    context.parameters["layout"], compile_after, required, pipelined)
+                    context.parameters["layout"], compile_after, required, queue)
     if context.parameters["lower_bound"]:
         statistics["lower_bound"] += lower_bound(graph)
     return statistics["batches"] - before

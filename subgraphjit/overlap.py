@@ -22,11 +22,13 @@ queue is next waited for, with a note that says so.
 ``set_parameter("overlap", False)`` runs everything in place.
 
 A pipelined evaluation (evaluate.py: inference, part of a scope evaluated
-while the rest records) queues its compiled program here too.  The
-operands its nodes drop are held aside (``hold``) until ``end()`` has seen
-the queue finish; if it failed, the nodes get them back, unevaluated, and
-run anew, step by step, so that the error names the user's line as it
-would have unqueued.
+while the rest records) queues its compiled program here too, and so does
+the scope's last part, which the scope's close waits for.  The operands
+its nodes drop are held aside (``hold``) until ``end()`` has seen the
+queue finish; if it failed, the nodes get them back, unevaluated, and run
+anew, step by step, so that the error names the user's line as it would
+have unqueued.  If it ran, they are freed at the next ``end()``, before
+it waits: a scope's graph is freed while the next scope's last part runs.
 
 Calls must not ask for a queued tensor's shape, which waits for it: a
 ``tf.function`` checks its arguments' shapes, so the backward and the
@@ -112,9 +114,15 @@ def end():
     anew (``rerun``), else the queue's own, with a note."""
     if not active():
         return
+    # The operands held for the queued programs that ran (a scope's
+    # recorded graph) are dropped at the next end(), before it waits:
+    # freeing them after the wait kept the other core idle, 4.7 ms of a
+    # 256-tree inference's 71 (BENCHMARKS.md).
+    _thread.spent = None
     failed, held = _wait()
     if failed is None:
-        return   # (the held operands are dropped with ``held``)
+        _thread.spent = held
+        return
     if held:
         for _, operands in held:
             _native.restore(operands)

@@ -4,6 +4,8 @@ where eager TensorFlow leaves it, a variable read in the asynchronous
 stretch sees the update, and an error of an op run there is raised at the
 next evaluation, saying why."""
 
+import weakref
+
 import numpy as np
 import pytest
 import tensorflow
@@ -426,3 +428,56 @@ def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, m
     finally:
         overlap.end()
         tf.set_parameter("pipeline", previous)
+
+
+def test_a_scopes_last_part_is_queued_and_its_graph_freed_by_the_next_close(
+        compiled, monkeypatch):
+    """The close's program is queued behind the pipelined parts and waited
+    for at the close: values as eager's, a failure raised there naming the
+    user's line; and what the scope recorded is freed by the next close
+    (the operands held for the queue, dropped while the next one runs)."""
+    rng = np.random.default_rng(8)
+    weight = tf.Variable(rng.normal(size=(4, 4)).astype(np.float32))
+
+    def loss(module, row):
+        hidden = module.tanh(module.matmul(row, weight))
+        return module.reduce_sum(module.tanh(module.matmul(hidden, weight)))
+
+    held = []   # how many nodes each queued program held (not the nodes)
+    monkeypatch.setattr(overlap, "hold", lambda nodes, operands, hold=overlap.hold: (
+        held.append(len(nodes)), hold(nodes, operands)))
+    previous = tf.get_parameter("pipeline")
+    tf.set_parameter("pipeline", 0)   # (one part: the close's)
+    tf.reset_stats()
+    try:
+        _last_parts_queued_and_freed(loss, rng)
+    finally:
+        tf.set_parameter("pipeline", previous)
+    assert len(held) >= 3 and tf.stats()["pipelined_evaluations"] == 0
+
+    model = MODELS["tree_lstm"](rng)
+    lazy_losses(model, model.random_examples(rng, 8))
+    examples = model.random_examples(rng, 8)
+    examples[-1] = ((99, 3), 1)   # word 99 of a vocabulary of 30
+    with pytest.raises(tensorflow.errors.InvalidArgumentError) as raised:
+        lazy_losses(model, examples)
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "nn.embedding_lookup, recorded at" in notes and "example_models.py" in notes
+    assert not overlap.active() and not overlap.holding()
+
+
+def _last_parts_queued_and_freed(loss, rng):
+    """Scopes of six rows: values as eager's, and each scope's rows (the
+    operands its recording holds) freed by the next close."""
+    refs = []
+    for _ in range(4):
+        rows = [rng.normal(size=(1, 4)).astype(np.float32) for _ in range(6)]
+        expected = [float(loss(tensorflow, row)) for row in rows]
+        with tf.batching():
+            losses = [loss(tf, row) for row in rows]
+        np.testing.assert_allclose([float(value) for value in losses], expected,
+                                   rtol=1e-5, atol=1e-6)
+        assert not overlap.active() and not overlap.holding()
+        assert all(reference() is None for reference in refs)
+        refs = [weakref.ref(row) for row in rows]
+        del rows, losses

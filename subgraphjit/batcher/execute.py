@@ -16,7 +16,7 @@ LITTLE_SHARED = 0.75
 
 
 def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
-            required=(), pipelined=False):
+            required=(), queue=False):
     """Batch and run the nodes; ``scheduler`` is a fresh scheduler object
     (its ``schedule(graph)`` gives the batches, schedulers/__init__.py).
     With ``compile_after`` > 0 the graph is planned as a program, which
@@ -25,10 +25,10 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     batches run one by one.  Every node gets its value in place (a row
     of a batched result, or a result of its own; ``Executor.write_back``,
     ``program.run``); a program's nodes whose outputs it did not keep
-    are marked swallowed (computed only if asked for).  ``pipelined``: a
-    compiled program is queued, not waited for (overlap.py), and the
-    operands its nodes drop are held until it has run; step by step, it
-    runs here as always."""
+    are marked swallowed (computed only if asked for).  ``queue``: a
+    compiled program no tape can record is queued, not waited for
+    (overlap.py), and the operands its nodes drop are held until it has
+    run; step by step, it runs here as always."""
     started = time.perf_counter()
     graph = BatchGraph(nodes)
     varying.merge_types(graph)
@@ -61,7 +61,7 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     # them here, before any op of this evaluation runs (unless this one
     # queues too).  A training program's forward is then queued, and its
     # backward behind it (program.run).
-    queued = pipelined and compiled is not None
+    queued = queue and compiled is not None and not recording
     if queued:
         overlap.begin()
         queued = overlap.active()
