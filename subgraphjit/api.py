@@ -95,10 +95,10 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
             if self._recording:
                 recorded = context.close_scope()
                 if kind is None:
-                    # Its program queued behind the pipelined parts', and
-                    # waited for here: meanwhile the last scope's graph is
-                    # freed (overlap.end), and a queued failure is raised
-                    # as the user's line.
+                    # The last part's program is queued behind the
+                    # pipelined parts' and waited for here: meanwhile the
+                    # previous scope's graph is freed (overlap.end), and a
+                    # queued failure is raised naming the user's line.
                     evaluate(recorded, required=(), queue=True)
                     if overlap.holding():
                         overlap.end()
