@@ -2,7 +2,8 @@
  * recorded graph that cost milliseconds per minibatch in Python.
  *
  * - unevaluated_ancestors(targets): the nodes an evaluation must run.
- * - scope_leftovers: what a closing scope still has to evaluate.
+ * - scope_leftovers: what a closing scope (or a pipelined part of one) still
+ *   has to evaluate.
  * - search_roots: where the pattern search starts.
  * - depths, agenda_schedule, depth_schedule, critical_schedule,
  *   fsm_schedule: the schedulers' integer work (and the FSM's table look-ups)
@@ -119,20 +120,10 @@ done:
 
 /* -- a closing scope's nodes -------------------------------------------------- */
 
-PyDoc_STRVAR(scope_leftovers_doc,
-"scope_leftovers(recorded)\n--\n\n"
-"The nodes of a closing scope still to evaluate, in order.  First, newest\n"
-"first, every node only the list ``recorded`` references is dropped from\n"
-"it (which frees the operands only it read); then the unevaluated nodes\n"
-"are returned, except swallowed ones (``VirtualNode.swallowed``) and\n"
-"access nodes of those.  ``recorded`` is changed in place.");
-
+/* scope_leftovers of the whole list ``recorded`` (see its doc). */
 static PyObject *
-scope_leftovers(PyObject *module, PyObject *args)
+leftovers(PyObject *recorded)
 {
-    PyObject *recorded;
-    if (!PyArg_ParseTuple(args, "O!:scope_leftovers", &PyList_Type, &recorded))
-        return NULL;
     /* Dropping a node frees plain values, but a weakref callback on a
      * node could run Python code: the size is checked at every step. */
     for (Py_ssize_t i = PyList_GET_SIZE(recorded) - 1; i >= 0; i--) {
@@ -163,6 +154,62 @@ scope_leftovers(PyObject *module, PyObject *args)
             return NULL;
         }
     }
+    return left;
+}
+
+PyDoc_STRVAR(scope_leftovers_doc,
+"scope_leftovers(recorded, upto=None)\n--\n\n"
+"The nodes of a closing scope still to evaluate, in order.  First, newest\n"
+"first, every node only the list ``recorded`` references is dropped from\n"
+"it (which frees the operands only it read); then the unevaluated nodes\n"
+"are returned, except swallowed ones (``VirtualNode.swallowed``) and\n"
+"access nodes of those.  ``recorded`` is changed in place.  With ``upto``,\n"
+"only its first ``upto`` items, which are taken out of it (a pipelined\n"
+"part: ``recorded[:upto]`` and ``del recorded[:upto]``, without touching\n"
+"each node's count twice more).");
+
+/* The first ``upto`` items of ``list``, moved (not copied) to a new list. */
+static PyObject *
+take_first(PyObject *list, Py_ssize_t upto)
+{
+    Py_ssize_t size = PyList_GET_SIZE(list);
+    if (upto < 0 || upto > size) {
+        PyErr_Format(PyExc_ValueError, "scope_leftovers(): upto %zd is not "
+                     "between 0 and the list's length, %zd", upto, size);
+        return NULL;
+    }
+    PyObject *taken = PyList_New(upto);
+    if (taken == NULL)
+        return NULL;
+    if (upto == 0)
+        return taken;
+    PyObject **items = ((PyListObject *)list)->ob_item;
+    memcpy(((PyListObject *)taken)->ob_item, items, upto * sizeof(PyObject *));
+    memmove(items, items + upto, (size - upto) * sizeof(PyObject *));
+    Py_SET_SIZE(list, size - upto);
+    return taken;
+}
+
+static PyObject *
+scope_leftovers(PyObject *module, PyObject *args)
+{
+    PyObject *given, *upto = Py_None;
+    if (!PyArg_ParseTuple(args, "O!|O:scope_leftovers", &PyList_Type, &given, &upto))
+        return NULL;
+    PyObject *recorded;
+    if (upto == Py_None) {
+        recorded = Py_NewRef(given);
+    }
+    else {
+        Py_ssize_t count = PyNumber_AsSsize_t(upto, PyExc_OverflowError);
+        if (count == -1 && PyErr_Occurred())
+            return NULL;
+        recorded = take_first(given, count);
+        if (recorded == NULL)
+            return NULL;
+    }
+    PyObject *left = leftovers(recorded);
+    Py_DECREF(recorded);
     return left;
 }
 

@@ -354,6 +354,42 @@ def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowe
             _native.scope_leftovers(*bad)
 
 
+def test_scope_leftovers_of_a_part_take_it_out_of_the_list():
+    """With ``upto``: the leftovers of the first ``upto`` items, as of the
+    slice, which leaves the list (a pipelined part of a scope)."""
+    held = make_node(1, [])
+    only_listed = make_node(2, [held])          # dropped, freed: only the list had it
+    evaluated = make_node(3, [held], state=1)
+    later = make_node(4, [held])
+    probe = weakref.ref(only_listed)
+    recorded = [held, only_listed, "a value", evaluated, later]
+    del only_listed
+    assert _native.scope_leftovers(recorded, 4) == [held]
+    assert recorded == [later] and probe() is None
+    assert _native.scope_leftovers(recorded, 0) == [] and recorded == [later]
+    assert _native.scope_leftovers(recorded, 1) == [later] and recorded == []
+    for upto, error in [(-1, ValueError), (3, ValueError), (2 ** 70, OverflowError),
+                        ("1", TypeError), (1.0, TypeError)]:
+        recorded = [held, later]
+        with pytest.raises(error):
+            _native.scope_leftovers(recorded, upto)
+        assert recorded == [held, later]   # (untouched)
+
+
+@settings(max_examples=50, deadline=None)
+@given(random_dags(), st.data())
+def test_scope_leftovers_of_a_part_equal_those_of_its_slice(dag, data):
+    nodes, _ = dag
+    recorded = list(nodes) + ["a value"]
+    upto = data.draw(st.integers(0, len(recorded)))
+    for node in data.draw(st.lists(st.sampled_from(nodes)) if nodes else st.just([])):
+        node.swallowed = True
+    expected_rest = recorded[upto:]
+    expected = _native.scope_leftovers(recorded[:upto])   # (the nodes stay referenced)
+    assert _native.scope_leftovers(recorded, upto) == expected
+    assert recorded == expected_rest
+
+
 def reference_search_roots(targets, required):
     return sorted({node.id: node for node in targets if type(node) is VirtualNode
                    and not node.evaluated
