@@ -211,7 +211,7 @@ def call(concrete, tensors, rewrite=True):
     call_flat = getattr(concrete, "_call_flat", None)
     if call_flat is None:
         return concrete(*tensors)
-    direct = _direct.get(concrete, _UNSEEN) if DIRECT else None
+    direct = _direct.get(concrete, _UNSEEN)
     if direct is not None and direct is not _UNSEEN:
         outputs = direct(tensors, rewrite)
         if outputs is not None:
@@ -227,9 +227,6 @@ def call(concrete, tensors, rewrite=True):
     return outputs
 
 
-# Whether ``call`` runs a function called before by the one op its plain
-# call ends in (_DirectCall); off only to time the difference.
-DIRECT = True
 _direct = weakref.WeakKeyDictionary()   # concrete function -> _DirectCall or None
 _UNSEEN = object()   # (not called yet)
 
