@@ -42,6 +42,7 @@ graph rewrites (``unrewritten``).
 """
 
 import contextlib
+import functools
 import threading
 import weakref
 
@@ -56,6 +57,10 @@ try:   # (private, for _DirectCall: where they move, every call is plain)
     from tensorflow.python.eager import execute as _execute
 except ImportError:
     _pywrap_tfe = None
+try:   # (private, for host_tensor: where it moves, tf.constant)
+    from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+except ImportError:
+    _EagerTensor = None
 
 _thread = threading.local()
 
@@ -199,6 +204,30 @@ def shape_of(tensor):
         if entry is not None and entry[0] is tensor:
             return entry[1]
     return tensor.shape
+
+
+def host_tensor(array):
+    """A NumPy array as a tensor in host memory, made without an op.
+    ``tf.constant`` runs one (its copy to the default device), which
+    while ops are queued is queued too and wakes the queue's thread: the
+    first in a while took 100 us, against 2-35 us for this (a program
+    call's index arrays, BENCHMARKS.md).  Where a GPU or a ``tf.device``
+    scope could place the constant elsewhere, ``tf.constant`` as before."""
+    if _EagerTensor is None or not _host_only() or _eager()[0].context().device_name:
+        return tf.constant(array)
+    dtype = _DATATYPES.get(array.dtype)
+    if dtype is None:
+        dtype = _DATATYPES[array.dtype] = tf.as_dtype(array.dtype).as_datatype_enum
+    return _EagerTensor(array, _HOST, dtype)
+
+
+_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
+_DATATYPES = {}   # NumPy dtype -> TensorFlow's DataType number
+
+
+@functools.cache
+def _host_only():
+    return not tf.config.list_logical_devices("GPU")
 
 
 def call(concrete, tensors, rewrite=True):

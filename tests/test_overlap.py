@@ -304,6 +304,44 @@ def test_pipeline_bookkeeping_refuses_bad_input():
         overlap.hold([], None)   # nothing is queued
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64, np.bool_])
+def test_a_host_tensor_equals_tf_constant_queued_or_not(dtype, monkeypatch):
+    """``overlap.host_tensor`` (a program call's index arrays, made with no
+    op) gives tf.constant's tensor: values, dtype, shape and device, for
+    0-d, 2-d and non-contiguous arrays, also while ops are queued, where
+    a function reads it.  Under a ``tf.device`` scope, and with no private
+    EagerTensor, it is tf.constant's own."""
+    rng = np.random.default_rng(3)
+    arrays = [np.asarray(rng.integers(-5, 5), dtype),
+              rng.integers(-5, 5, (4, 3)).astype(dtype),
+              rng.integers(-5, 5, (6, 4)).astype(dtype)[::2, 1:]]
+    double = tensorflow.function(lambda x: tensorflow.concat([x, x], 0)).get_concrete_function(
+        tensorflow.TensorSpec(None, tensorflow.as_dtype(dtype)))
+
+    def check(array):
+        made, expected = overlap.host_tensor(array), tensorflow.constant(array)
+        assert made.dtype == expected.dtype and made.shape == expected.shape
+        assert made.device == expected.device
+        np.testing.assert_array_equal(made.numpy(), array)
+        if array.ndim:
+            np.testing.assert_array_equal(overlap.call(double, [made]),
+                                          np.concatenate([array, array]))
+
+    tf.set_parameter("overlap", True)
+    for array in arrays:
+        check(array)
+        overlap.begin()   # (queued: the call waits for nothing made here)
+        try:
+            assert overlap.active()
+            check(array)
+        finally:
+            overlap.end()
+        with tensorflow.device("/CPU:0"):
+            check(array)
+    monkeypatch.setattr(overlap, "_EagerTensor", None)
+    check(arrays[1])
+
+
 def test_a_function_called_unrewritten_skips_grappler_and_keeps_the_callers_options():
     """Compiled programs are first called without Grappler's rewrites
     (``overlap.unrewritten``): inside the block the thread's call options

@@ -862,8 +862,8 @@ class _Compiled:
         whose ids are in the key; tensors this minibatch's own, of which
         the key says only dtype and shape).  Made before the queue is
         waited for, in training (execute.py)."""
-        arrays = [tf.constant(program.steps), tf.constant(program.rows),
-                  tf.constant(np.array(program.computed, np.int32))]
+        arrays = [overlap.host_tensor(program.steps), overlap.host_tensor(program.rows),
+                  overlap.host_tensor(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
         return arrays, inputs, _Shared(program).values
 
@@ -964,8 +964,8 @@ class _Compiled:
         parts = []
         dtype, shape = self.buffers[buffer]
         if program.input_values[buffer]:
-            parts.append(tf.constant(np.array(program.input_values[buffer],
-                                              dtype.as_numpy_dtype)))
+            parts.append(overlap.host_tensor(np.array(program.input_values[buffer],
+                                                      dtype.as_numpy_dtype)))
         if program.input_nodes[buffer]:
             parts.append(_stacked(program.input_nodes[buffer]))
         if not parts:
@@ -1032,7 +1032,7 @@ def _gradient(value, gradient):
     if isinstance(gradient, tuple):   # entries of looked-up rows
         values, indices = gradient
         if is_variable(value):   # a table: its shape is static
-            dense_shape = tf.constant(value.shape.as_list(), tf.int32)
+            dense_shape = overlap.host_tensor(np.array(value.shape.as_list(), np.int32))
         else:
             dense_shape = tf.shape(value, out_type=tf.int32)
         # (A tensor made while ops are queued, even a constant, waits for
@@ -1157,8 +1157,8 @@ class _Forward:
         # waits for the queue.)
         seed = tf.raw_ops.TensorScatterUpdate(
             tensor=tf.raw_ops.ZerosLike(x=self.buffers[buffer]),
-            indices=tf.constant(np.array([[row]], np.int32)),
-            updates=tf.constant(np.ones((1, *shape), dtype.as_numpy_dtype)))
+            indices=overlap.host_tensor(np.array([[row]], np.int32)),
+            updates=overlap.host_tensor(np.ones((1, *shape), dtype.as_numpy_dtype)))
         upstream = [None] * len(self.buffers)
         upstream[buffer] = seed
         # (Taken only where no tape records: api.GradientTape.)
