@@ -290,6 +290,33 @@ def test_a_key_seen_before_its_superset_compiled_is_run_by_it_after(monkeypatch)
     assert programs.compiled_for(small, 4, statistics) is smaller
 
 
+def test_a_program_run_by_its_superset_reads_its_own_shared_tensors(compiled):
+    """A minibatch whose key is not compiled runs on a compiled program of
+    more kinds (``Program.adopt``) with its own kinds' shared values: a
+    tensor given to every instance, which the key names only by dtype and
+    shape, is this minibatch's, not the one the superset compiled with."""
+    tf.set_parameter("granularity", "op")   # (the fixture restores it)
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal((1, 3)).astype(np.float32) for _ in range(4)]
+
+    def scope(shared, squashed):
+        with tf.batching():
+            products = [tf.multiply(tf.identity(row), shared) for row in rows]
+            outputs = [tf.tanh(product) for product in products] if squashed else products
+        return [np.asarray(output) for output in outputs]
+
+    first = tensorflow.constant(rng.standard_normal((1, 3)).astype(np.float32))
+    for output, row in zip(scope(first, squashed=True), rows):
+        np.testing.assert_allclose(output, np.tanh(row * first.numpy()), rtol=1e-6)
+    assert tf.stats()["programs_compiled"] >= 1
+    compiles, hits = tf.stats()["programs_compiled"], tf.stats()["program_cache_hits"]
+    second = tensorflow.constant(rng.standard_normal((1, 3)).astype(np.float32))
+    for output, row in zip(scope(second, squashed=False), rows):
+        np.testing.assert_allclose(output, row * second.numpy(), rtol=1e-6)
+    assert tf.stats()["programs_compiled"] == compiles   # run by the first's program
+    assert tf.stats()["program_cache_hits"] > hits
+
+
 def planned(graph):
     return plans.plan(graph, SCHEDULERS["agenda"]().schedule(graph))
 

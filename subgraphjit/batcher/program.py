@@ -326,6 +326,9 @@ class _Compiled:
         self.kinds, self.buffers = program.kinds, program.buffers
         self.kind_keys, self.key = program.kind_keys, program.key
         self.kind_set, self.buffer_set = set(self.kind_keys), set(self.buffers)
+        # Where a program this one runs puts each kind and buffer (Program.adopt).
+        self.kind_place = {key: place for place, key in enumerate(self.kind_keys)}
+        self.buffer_place = {spec: place for place, spec in enumerate(self.buffers)}
         self.shared = _Shared(program)
         looked_up, whole = set(), set()
         for kind, places in zip(self.kinds, self.shared.places):
