@@ -38,7 +38,9 @@ compiled program's (the tape replaying each batch's ops) queues too, its
 ops dispatched by this thread as before but run by the other.
 
 ``call`` is also where a compiled program's functions skip TensorFlow's
-graph rewrites (``unrewritten``).
+graph rewrites (``unrewritten``).  A call's NumPy arguments become
+tensors with no op (``host_tensor``): a ``tf.constant``'s op would be
+queued too.
 """
 
 import contextlib
@@ -210,24 +212,27 @@ def host_tensor(array):
     """A NumPy array as a tensor in host memory, made without an op.
     ``tf.constant`` runs one (its copy to the default device), which
     while ops are queued is queued too and wakes the queue's thread: the
-    first in a while took 100 us, against 2-35 us for this (a program
+    first after a while took 100 us, against 2-35 us for this (a program
     call's index arrays, BENCHMARKS.md).  Where a GPU or a ``tf.device``
     scope could place the constant elsewhere, ``tf.constant`` as before."""
-    if _EagerTensor is None or not _host_only() or _eager()[0].context().device_name:
+    host = _host_device()
+    if host is None or _eager()[0].context().device_name:
         return tf.constant(array)
     dtype = _DATATYPES.get(array.dtype)
     if dtype is None:
         dtype = _DATATYPES[array.dtype] = tf.as_dtype(array.dtype).as_datatype_enum
-    return _EagerTensor(array, _HOST, dtype)
+    return _EagerTensor(array, host, dtype)
 
 
-_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 _DATATYPES = {}   # NumPy dtype -> TensorFlow's DataType number
 
 
 @functools.cache
-def _host_only():
-    return not tf.config.list_logical_devices("GPU")
+def _host_device():
+    """The CPU's device name, where it is the only device; else None."""
+    if _EagerTensor is None or tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.list_logical_devices("CPU")[0].name
 
 
 def call(concrete, tensors, rewrite=True):

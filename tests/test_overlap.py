@@ -309,8 +309,8 @@ def test_a_host_tensor_equals_tf_constant_queued_or_not(dtype, monkeypatch):
     """``overlap.host_tensor`` (a program call's index arrays, made with no
     op) gives tf.constant's tensor: values, dtype, shape and device, for
     0-d, 2-d and non-contiguous arrays, also while ops are queued, where
-    a function reads it.  Under a ``tf.device`` scope, and with no private
-    EagerTensor, it is tf.constant's own."""
+    a function reads it.  Under a ``tf.device`` scope, and where a GPU
+    could hold it, it is tf.constant's own."""
     rng = np.random.default_rng(3)
     arrays = [np.asarray(rng.integers(-5, 5), dtype),
               rng.integers(-5, 5, (4, 3)).astype(dtype),
@@ -338,7 +338,7 @@ def test_a_host_tensor_equals_tf_constant_queued_or_not(dtype, monkeypatch):
             overlap.end()
         with tensorflow.device("/CPU:0"):
             check(array)
-    monkeypatch.setattr(overlap, "_EagerTensor", None)
+    monkeypatch.setattr(overlap, "_host_device", lambda: None)   # (a GPU's process)
     check(arrays[1])
 
 

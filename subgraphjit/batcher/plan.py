@@ -107,8 +107,7 @@ class Program:
         ``kind_place`` and ``buffer_place``: program.py), so that it runs
         this one.  Kinds this program lacks are ``other``'s, with no steps;
         before ``fill``.  (Only this program's own kinds and buffers are
-        looked up: a 256-tree minibatch's parts, each run by a superset,
-        spent about 0.6 ms building the superset's dicts anew.)"""
+        looked up, in dicts ``other`` made once.)"""
         renumbered = [other.buffer_place[spec] for spec in self.buffers]
         for kind in self.kinds:
             kind.operands = [(ROWS, renumbered[value]) if operand_kind == ROWS
