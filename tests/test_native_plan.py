@@ -182,7 +182,7 @@ def test_programs_match_the_reference(name, granularity, parameters):
         name, len(name), granularity, parameters, required_count=3)
     try:
         for asked in ((), required):
-            assert plans._read_outputs(graph, asked) == reference_read_outputs(graph, asked)
+            assert plans.read_outputs(graph, asked) == reference_read_outputs(graph, asked)
         program = plans.outline(graph, batches, required)
         program.fill()
         kind_of_type = {node_type: number for number, node_type in enumerate(

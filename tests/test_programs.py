@@ -317,6 +317,41 @@ def test_a_program_run_by_its_superset_reads_its_own_shared_tensors(compiled):
     assert tf.stats()["program_cache_hits"] > hits
 
 
+def test_a_graph_of_a_structure_seen_before_takes_its_program_again(compiled, monkeypatch):
+    """A scope whose graph has the batching types and read outputs of one
+    compiled before runs its program again without ``outline``
+    (``Programs.again``), with this scope's values; a shared tensor of
+    another id is another structure, and after a compile the program is
+    looked for anew: outlined.  Values equal eager's."""
+    tf.set_parameter("granularity", "op")   # (the fixture restores it)
+    outlined = []
+    outline = plans.outline
+    monkeypatch.setattr(plans, "outline", lambda *a, **k: outlined.append(1) or outline(*a, **k))
+    rng = np.random.default_rng(8)
+
+    def scope(shared):
+        rows = [rng.standard_normal((1, 3)).astype(np.float32) for _ in range(3)]
+        with tf.batching():
+            products = [tf.multiply(tf.identity(row), shared) for row in rows]
+            outputs = [tf.tanh(product) for product in products]
+        for row, output in zip(rows, outputs):
+            np.testing.assert_allclose(np.asarray(output), np.tanh(row * shared.numpy()),
+                                       rtol=1e-6)
+        return len(outlined)
+
+    first = tensorflow.constant(rng.standard_normal((1, 3)).astype(np.float32))
+    assert scope(first) == 1
+    hits = tf.stats()["program_cache_hits"]
+    assert scope(first) == 1 and scope(first) == 1   # taken again
+    assert tf.stats()["program_cache_hits"] == hits + 2
+    second = tensorflow.constant(rng.standard_normal((1, 3)).astype(np.float32))
+    assert scope(second) == 2   # another id: another structure
+    assert scope(second) == 2
+    program.PROGRAMS._generation += 1   # (as a compile or an eviction does)
+    assert scope(second) == 3
+    assert scope(second) == 3
+
+
 def planned(graph):
     return plans.plan(graph, SCHEDULERS["agenda"]().schedule(graph))
 

@@ -48,13 +48,20 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
         # A program's buffers hold rows of one shape each (plan.py).
         statistics["programs_not_compiled"]["batches over varying lengths"] += 1
     elif compile_after and batches:
-        the_program = plan.outline(graph, batches, required, program.MAX_KINDS)
-        if the_program is None:
-            statistics["programs_not_compiled"][
-                f"more than {program.MAX_KINDS} node kinds"] += 1
-        else:
-            compiled = program.PROGRAMS.compiled_for(the_program, compile_after,
-                                                     statistics, recording)
+        # A graph of a structure planned and compiled before takes its
+        # program again, without outline and compiled_for.
+        read = plan.read_outputs(graph, required)
+        structure = plan.structure(graph, read)
+        the_program, compiled = program.PROGRAMS.again(structure, graph, batches,
+                                                       statistics, recording)
+        if compiled is None:
+            the_program = plan.outline(graph, batches, required, program.MAX_KINDS, read)
+            if the_program is None:
+                statistics["programs_not_compiled"][
+                    f"more than {program.MAX_KINDS} node kinds"] += 1
+            else:
+                compiled = program.PROGRAMS.compiled_for(the_program, compile_after,
+                                                         statistics, recording, structure)
         if compiled is not None:
             the_program.fill()
     # The previous minibatch's backward and update ran meanwhile: wait for

@@ -110,6 +110,12 @@ class _Entry:
         self.superset_generation = -1
 
 
+class _Reusable(collections.namedtuple("_Reusable", "program key compiled generation")):
+    """A graph structure's program (holding no graph: ``Program.again``),
+    its own key (before a superset adopted it), its compiled form, and
+    the generation of compiled programs it was found among."""
+
+
 class Programs:
     """The compiled programs of this process, by key."""
 
@@ -122,6 +128,10 @@ class Programs:
         # Counts the changes to the set of compiled programs (a compile, an
         # eviction), after which an entry's superset is looked for again.
         self._generation = 0
+        # Graph structure (plan.structure) -> _Reusable: its program and
+        # compiled form, as found while the compiled programs were those
+        # of one generation.
+        self._reusable = {}
 
     def clear(self):
         self.__init__()
@@ -153,15 +163,44 @@ class Programs:
                 best = compiled
         return best
 
-    def compiled_for(self, program, compile_after, statistics, training=True):
+    def again(self, structure, graph, batches, statistics, training=True):
+        """(program, compiled form) of ``batches`` of a graph of a
+        ``structure`` whose program was found compiled before, while the
+        compiled programs are still those it was found among; else (None,
+        None): ``outline`` and ``compiled_for``.  Counted as a look-up of
+        its key."""
+        reusable = self._reusable.get(structure) if structure is not None else None
+        if (reusable is None or reusable.generation != self._generation
+                or reusable.key not in self._entries):
+            return None, None
+        compiled = _traced(reusable.compiled, training, statistics)
+        if compiled is None:
+            return None, None
+        self._seen(reusable.key)
+        statistics["program_cache_hits"] += 1
+        return reusable.program.again(graph, batches), compiled
+
+    def compiled_for(self, program, compile_after, statistics, training=True,
+                     structure=None):
         """The compiled form of ``program``, compiling it if its key is now
         ``compile_after`` of the last WINDOW keys, or a relative of a
         compiled program (RELATIVES); None: run it step by step.  Its
         functions for ``training`` (a tape could record) or inference are
-        traced once asked for (``_Compiled.trace``)."""
-        if not compile_after:
-            return None
+        traced once asked for (``_Compiled.trace``).  Found, it is kept
+        for the graph ``structure`` the program is of (``again``)."""
         key = program.key
+        compiled = self._compiled_for(program, compile_after, statistics, training)
+        if compiled is not None and structure is not None:
+            if len(self._reusable) >= CAPACITY:
+                self._reusable.clear()
+            self._reusable[structure] = _Reusable(
+                program.again(None, None), key, compiled, self._generation)
+        return compiled
+
+    def _seen(self, key):
+        """Count ``key`` among the last WINDOW keys seen; its entry, made if
+        new (the least recently used one out, past CAPACITY), else moved
+        last."""
         if len(self._recent) == WINDOW:
             oldest = self._recent[0]
             self._counts[oldest] -= 1
@@ -177,6 +216,13 @@ class Programs:
                 self._generation += evicted.compiled is not None
         else:
             self._entries.move_to_end(key)
+        return entry
+
+    def _compiled_for(self, program, compile_after, statistics, training):
+        if not compile_after:
+            return None
+        key = program.key
+        entry = self._seen(key)
         if entry.compiled is not None:
             statistics["program_cache_hits"] += 1
             return _traced(entry.compiled, training, statistics)
