@@ -67,9 +67,11 @@ except ImportError:
 _thread = threading.local()
 
 
+@functools.cache
 def _eager():
     # TensorFlow's executors per thread have no public API.  Where these
-    # private modules change, nothing overlaps.
+    # private modules change, nothing overlaps.  (Imported once: this is
+    # on every program call's path.)
     from tensorflow.python.eager import context as eager_context, executor
     return eager_context, executor
 
@@ -195,7 +197,9 @@ def promise(tensor, shape):
     waiting.  Kept until ``end()`` (the entry holds the tensor, so its id
     is not reused meanwhile)."""
     if active():
-        _thread.promised[id(tensor)] = (tensor, tf.TensorShape(shape))
+        if not isinstance(shape, tf.TensorShape):
+            shape = tf.TensorShape(shape)
+        _thread.promised[id(tensor)] = (tensor, shape)
 
 
 def shape_of(tensor):

@@ -100,6 +100,9 @@ class Program:
         self.input_values = self.input_nodes = None
         # What ``fill`` reads, until it has: (graph, kind_of_type, batches).
         self.to_fill = None
+        # What the modules that run a program compute from its kinds alone,
+        # once for the programs of a structure (``again``), by their key.
+        self.derived = {}
 
     def adopt(self, other):
         """Renumber this program's kinds and buffers as those of ``other``
@@ -138,7 +141,7 @@ class Program:
         program = Program.__new__(Program)
         program.kinds, program.buffers = self.kinds, self.buffers
         program.kind_keys, program.key = self.kind_keys, self.key
-        program.relatives = self.relatives
+        program.relatives, program.derived = self.relatives, self.derived
         program.steps = program.rows = program.places = None
         program.input_values = program.input_nodes = None
         kind_of_type = self.to_fill[1]

@@ -914,7 +914,10 @@ class _Compiled:
         arrays = [overlap.host_tensor(program.steps), overlap.host_tensor(program.rows),
                   overlap.host_tensor(np.array(program.computed, np.int32))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
-        return arrays, inputs, _Shared(program).values
+        shared = program.derived.get(_Shared)
+        if shared is None:
+            shared = program.derived[_Shared] = _Shared(program).values
+        return arrays, inputs, shared
 
     def __call__(self, program, recording, arguments=None):
         """The program's buffers, computed; while a tape could record
@@ -1012,9 +1015,13 @@ class _Compiled:
         values, then the values of nodes evaluated earlier."""
         parts = []
         dtype, shape = self.buffers[buffer]
-        if program.input_values[buffer]:
-            parts.append(overlap.host_tensor(np.array(program.input_values[buffer],
-                                                      dtype.as_numpy_dtype)))
+        values = program.input_values[buffer]
+        if values:
+            # (Python numbers, as a rule: fromiter takes them without
+            # np.array's look at each for nested lists.)
+            parts.append(overlap.host_tensor(
+                np.fromiter(values, dtype.as_numpy_dtype, len(values)) if not shape
+                else np.array(values, dtype.as_numpy_dtype)))
         if program.input_nodes[buffer]:
             parts.append(_stacked(program.input_nodes[buffer]))
         if not parts:
