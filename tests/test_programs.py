@@ -352,6 +352,22 @@ def test_a_graph_of_a_structure_seen_before_takes_its_program_again(compiled, mo
     assert scope(second) == 3
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (0,), (2, 2)])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.bool_])
+def test_stacked_python_values_equal_numpys_array(shape, dtype):
+    """A buffer's Python inputs (numbers, or lists of one shape) stacked by
+    ``_stacked_values`` equal ``np.array`` of them, in dtype and shape."""
+    rng = np.random.default_rng(len(shape))
+    python = {np.int32: int, np.float32: float, np.bool_: bool}[dtype]
+    for count in (0, 1, 7):
+        values = [rng.integers(-3, 3, shape).astype(python).tolist() for _ in range(count)]
+        assert all(type(value) is (list if shape else python) for value in values)
+        stacked = program._stacked_values(values, dtype, shape)
+        expected = np.array(values, dtype).reshape(count, *shape)
+        assert stacked.dtype == expected.dtype and stacked.shape == expected.shape
+        np.testing.assert_array_equal(stacked, expected)
+
+
 def planned(graph):
     return plans.plan(graph, SCHEDULERS["agenda"]().schedule(graph))
 

@@ -45,6 +45,7 @@ mode's functions are traced when first asked for.
 
 import collections
 import itertools
+import operator
 import time
 
 import numpy as np
@@ -1015,18 +1016,28 @@ class _Compiled:
         values, then the values of nodes evaluated earlier."""
         parts = []
         dtype, shape = self.buffers[buffer]
-        values = program.input_values[buffer]
-        if values:
-            # (Python numbers, as a rule: fromiter takes them without
-            # np.array's look at each for nested lists.)
+        if program.input_values[buffer]:
             parts.append(overlap.host_tensor(
-                np.fromiter(values, dtype.as_numpy_dtype, len(values)) if not shape
-                else np.array(values, dtype.as_numpy_dtype)))
+                _stacked_values(program.input_values[buffer], dtype.as_numpy_dtype, shape)))
         if program.input_nodes[buffer]:
             parts.append(_stacked(program.input_nodes[buffer]))
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _stacked_values(values, dtype, shape):
+    """Python values of one spec (numbers, or lists of ``shape``) as one
+    array.  Numbers and flat lists go through ``fromiter``: ``np.array``
+    looks at every element for nesting, 250 us for 2,000 one-word lists
+    (a lookup's ``[word_id]``) against 72."""
+    if not shape:
+        return np.fromiter(values, dtype, len(values))
+    if len(shape) == 1:
+        flat = (map(operator.itemgetter(0), values) if shape[0] == 1
+                else itertools.chain.from_iterable(values))
+        return np.fromiter(flat, dtype, len(values) * shape[0]).reshape(len(values), shape[0])
+    return np.array(values, dtype).reshape(len(values), *shape)
 
 
 def _add_rows(adjoint, gradient, rows, distinct):
