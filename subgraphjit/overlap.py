@@ -222,13 +222,13 @@ def host_tensor(array):
     host = _host_device()
     if host is None or _eager()[0].context().device_name:
         return tf.constant(array)
-    dtype = _DATATYPES.get(array.dtype)
-    if dtype is None:
-        dtype = _DATATYPES[array.dtype] = tf.as_dtype(array.dtype).as_datatype_enum
-    return _EagerTensor(array, host, dtype)
+    return _EagerTensor(array, host, _datatype(array.dtype))
 
 
-_DATATYPES = {}   # NumPy dtype -> TensorFlow's DataType number
+@functools.cache
+def _datatype(numpy_dtype):
+    """TensorFlow's DataType number of a NumPy dtype."""
+    return tf.as_dtype(numpy_dtype).as_datatype_enum
 
 
 @functools.cache

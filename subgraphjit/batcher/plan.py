@@ -22,6 +22,8 @@ The loops over every node (``fill``, and which outputs are read) are C:
 ``native/plan.c``.
 """
 
+import copy
+
 import numpy as np
 import tensorflow as tf
 
@@ -98,7 +100,9 @@ class Program:
         self.computed = [0] * len(buffers)
         self.steps = self.rows = self.places = None
         self.input_values = self.input_nodes = None
-        # What ``fill`` reads, until it has: (graph, kind_of_type, batches).
+        # Each node type's kind number (by the graph's type numbers).
+        self.kind_of_type = None
+        # What ``fill`` reads, until it has: (graph, batches).
         self.to_fill = None
         # What the modules that run a program compute from its kinds alone,
         # once for the programs of a structure (``again``), by their key.
@@ -119,10 +123,8 @@ class Program:
             kind.outputs = [None if buffer is None else renumbered[buffer]
                             for buffer in kind.outputs]
         place = [other.kind_place[key] for key in self.kind_keys]
-        graph, kind_of_type, batches = self.to_fill
-        self.to_fill = (graph, {node_type: place[number]
-                                for node_type, number in kind_of_type.items()},
-                        batches)
+        self.kind_of_type = {node_type: place[number]
+                             for node_type, number in self.kind_of_type.items()}
         kinds = list(other.kinds)
         for number, kind in enumerate(self.kinds):
             kinds[place[number]] = kind
@@ -137,18 +139,13 @@ class Program:
         """A program of this one's kinds and buffers (adopted ones too) for
         ``batches`` of another ``graph`` of the same structure
         (``structure``): its counts made, its steps and rows to ``fill``.
-        (None, None: a copy that holds no graph, to keep.)"""
-        program = Program.__new__(Program)
-        program.kinds, program.buffers = self.kinds, self.buffers
-        program.kind_keys, program.key = self.kind_keys, self.key
-        program.relatives, program.derived = self.relatives, self.derived
+        (With no graph and no batches: a copy to keep, which holds none.)"""
+        program = copy.copy(self)
         program.steps = program.rows = program.places = None
         program.input_values = program.input_nodes = None
-        kind_of_type = self.to_fill[1]
-        program.to_fill = (graph, kind_of_type, batches)
-        program.computed = ([0] * len(self.buffers) if batches is None
-                            else _computed(graph, self.kinds, len(self.buffers),
-                                           kind_of_type, batches))
+        program.to_fill = (graph, batches)
+        program.computed = _computed(graph, self.kinds, len(self.buffers),
+                                     self.kind_of_type, batches)
         return program
 
     def fill(self):
@@ -156,9 +153,9 @@ class Program:
         graph is held until then and let go after, never in a reference
         cycle: a cycle would leave the whole graph to the cyclic collector,
         hundreds of thousands of objects per large minibatch.)"""
-        graph, kind_of_type, batches = self.to_fill
+        graph, batches = self.to_fill
         self.to_fill = None
-        _fill(graph, self, kind_of_type, batches)
+        _fill(graph, self, self.kind_of_type, batches)
 
     def location(self, index):
         """(buffer, row) of graph node ``index``'s result (a list of them,
@@ -222,8 +219,9 @@ def outline(graph, batches, required=(), max_kinds=None, read=None):
         kind_of_type[node_type] = len(kinds)
         kinds.append(kind)
     program = Program(kinds, buffers)
+    program.kind_of_type = kind_of_type
     program.computed = _computed(graph, kinds, len(buffers), kind_of_type, batches)
-    program.to_fill = (graph, kind_of_type, batches)
+    program.to_fill = (graph, batches)
     return program
 
 

@@ -45,7 +45,6 @@ mode's functions are traced when first asked for.
 
 import collections
 import itertools
-import operator
 import time
 
 import numpy as np
@@ -170,7 +169,7 @@ class Programs:
         compiled programs are still those it was found among; else (None,
         None): ``outline`` and ``compiled_for``.  Counted as a look-up of
         its key."""
-        reusable = self._reusable.get(structure) if structure is not None else None
+        reusable = self._reusable.get(structure)
         if (reusable is None or reusable.generation != self._generation
                 or reusable.key not in self._entries):
             return None, None
@@ -195,7 +194,7 @@ class Programs:
             if len(self._reusable) >= CAPACITY:
                 self._reusable.clear()
             self._reusable[structure] = _Reusable(
-                program.again(None, None), key, compiled, self._generation)
+                program.again(None, ()), key, compiled, self._generation)
         return compiled
 
     def _seen(self, key):
@@ -1030,12 +1029,11 @@ def _stacked_values(values, dtype, shape):
     """Python values of one spec (numbers, or lists of ``shape``) as one
     array.  Numbers and flat lists go through ``fromiter``: ``np.array``
     looks at every element for nesting, 250 us for 2,000 one-word lists
-    (a lookup's ``[word_id]``) against 72."""
+    (a lookup's ``[word_id]``) against 112."""
     if not shape:
         return np.fromiter(values, dtype, len(values))
     if len(shape) == 1:
-        flat = (map(operator.itemgetter(0), values) if shape[0] == 1
-                else itertools.chain.from_iterable(values))
+        flat = itertools.chain.from_iterable(values)
         return np.fromiter(flat, dtype, len(values) * shape[0]).reshape(len(values), shape[0])
     return np.array(values, dtype).reshape(len(values), *shape)
 
