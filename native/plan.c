@@ -376,10 +376,13 @@ typedef struct {
     int is_node;
 } Pending;
 
-/* A step's row in ``steps``: kind, count, start of its operand rows,
- * distinct, then each output's first row (from STEP_OUTPUTS on). */
-#define STEP_DISTINCT 3
-#define STEP_OUTPUTS 4
+/* A step's row in ``steps``: kind, count, the start and end of its operand
+ * rows, distinct, then each output's first row and end (from STEP_OUTPUTS
+ * on, two ints per output).  The ends are there so that a compiled step
+ * need not compute them: every op in its loop costs at each step. */
+#define STEP_END 3
+#define STEP_DISTINCT 4
+#define STEP_OUTPUTS 5
 
 /* Each step's ``distinct``: 1 if no row of a buffer is among its operand
  * rows twice, else 0.  The backward adds a step's gradient into those rows
@@ -447,8 +450,8 @@ PyDoc_STRVAR(fill_doc,
 "     kind_of_type, kinds, computed, access_entry)\n--\n\n"
 "The program's arrays (see plan.py): returns (steps, rows, input_values,\n"
 "input_nodes, where, outputs, slots).  ``steps`` and ``rows`` are int32\n"
-"bytes (steps: STEP_OUTPUTS + most outputs ints per step: kind, count,\n"
-"start, distinct, each output's start); per node, ``where``\n"
+"bytes (steps: STEP_OUTPUTS + 2 * most outputs ints per step: kind,\n"
+"count, start, end, distinct, each output's start and end); per node, ``where``\n"
 "is its first slot (-1: none) and ``outputs`` its number of outputs (-1:\n"
 "a single-output node); ``slots`` holds (buffer, row) pairs, buffer -1\n"
 "for an output not kept.  ``kinds``: per kind, (((position, buffer), ...)\n"
@@ -510,8 +513,8 @@ fill(PyObject *module, PyObject *args)
         PyList_SET_ITEM(input_nodes, b, earlier);
     }
     for (Py_ssize_t k = 0; k < kind_count; k++)
-        if (width < STEP_OUTPUTS + kinds[k].output_count)
-            width = STEP_OUTPUTS + kinds[k].output_count;
+        if (width < STEP_OUTPUTS + 2 * kinds[k].output_count)
+            width = STEP_OUTPUTS + 2 * kinds[k].output_count;
     for (Py_ssize_t i = 0; i < count; i++)
         where[i] = outputs[i] = -1;
 
@@ -544,7 +547,9 @@ fill(PyObject *module, PyObject *args)
         }
         KindInfo *kind = &kinds[kind_number];
         if (int_push(&steps, kind_number) < 0 || int_push(&steps, size) < 0
-                || int_push(&steps, rows.size) < 0 || int_push(&steps, 1) < 0)
+                || int_push(&steps, rows.size) < 0
+                || int_push(&steps, rows.size + kind->operand_count * size) < 0
+                || int_push(&steps, 1) < 0)
             goto done;
         /* Each per-instance operand's rows in turn. */
         for (Py_ssize_t p = 0; p < kind->operand_count; p++) {
@@ -627,7 +632,8 @@ fill(PyObject *module, PyObject *args)
             Py_ssize_t buffer = kind->output_buffers[n];
             if (buffer < 0)
                 continue;
-            if (as_int32(filled[buffer], &steps.items[starts + n]) < 0)
+            if (as_int32(filled[buffer], &steps.items[starts + 2 * n]) < 0
+                    || as_int32(filled[buffer] + size, &steps.items[starts + 2 * n + 1]) < 0)
                 goto done;
             filled[buffer] += size;
         }
@@ -644,7 +650,7 @@ fill(PyObject *module, PyObject *args)
                 Py_ssize_t buffer = kind->output_buffers[n];
                 if (int_push(&slots, buffer) < 0
                         || int_push(&slots, buffer < 0 ? 0
-                                     : steps.items[starts + n] + j) < 0)
+                                     : steps.items[starts + 2 * n] + j) < 0)
                     goto done;
             }
         }
@@ -999,7 +1005,8 @@ int
 add_plan_functions(PyObject *module)
 {
     /* The step table's columns, for program.py. */
-    if (PyModule_AddIntConstant(module, "STEP_DISTINCT", STEP_DISTINCT) < 0
+    if (PyModule_AddIntConstant(module, "STEP_END", STEP_END) < 0
+            || PyModule_AddIntConstant(module, "STEP_DISTINCT", STEP_DISTINCT) < 0
             || PyModule_AddIntConstant(module, "STEP_OUTPUTS", STEP_OUTPUTS) < 0)
         return -1;
     return PyModule_AddFunctions(module, plan_methods);

@@ -66,18 +66,22 @@ class ReferenceFill:
                     rows = self._rows(batch, position, buffer)
                     self.rows.extend(rows)
                     read += [(buffer, row) for row in rows]
+            step.append(len(self.rows))   # the end of its operand rows
             step.append(int(len(set(read)) == len(read)))   # distinct
             output_starts = [0] * outputs_width
+            output_ranges = [0] * (2 * outputs_width)   # (start, end) per output
             for number, buffer in enumerate(kind.outputs):
                 if buffer is not None:
                     output_starts[number] = self.filled[buffer]
                     self.filled[buffer] += len(batch)
+                    output_ranges[2 * number:2 * number + 2] = (
+                        output_starts[number], self.filled[buffer])
             for offset, index in enumerate(batch):
                 places = [None if buffer is None else
                           (buffer, output_starts[number] + offset)
                           for number, buffer in enumerate(kind.outputs)]
                 self.locations[index] = places if kind.entry.multi_output else places[0]
-            self.steps.append(step + output_starts)
+            self.steps.append(step + output_ranges)
         self._locate_the_rest()
         return self
 

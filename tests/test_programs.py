@@ -396,7 +396,7 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
     written = [0] * len(program.buffers)
     inputs = [len(values) + len(nodes) for values, nodes in
               zip(program.input_values, program.input_nodes)]
-    for kind_number, count, start, _, *output_starts in program.steps:
+    for kind_number, count, start, end, _, *output_ranges in program.steps:
         kind = program.kinds[kind_number]
         for operand_kind, buffer in kind.operands:
             if operand_kind == plans.ROWS:
@@ -405,10 +405,12 @@ def test_every_node_is_located_and_steps_read_only_earlier_rows():
                     computed = program.computed[buffer]
                     assert row < written[buffer] or \
                         computed <= row < computed + inputs[buffer]
+        assert start == end
         for number, buffer in enumerate(kind.outputs):
             if buffer is None:
                 continue
-            assert output_starts[number] == written[buffer]
+            assert output_ranges[2 * number:2 * number + 2] == [
+                written[buffer], written[buffer] + count]
             written[buffer] += count
     assert written == program.computed
     for index in range(len(graph)):

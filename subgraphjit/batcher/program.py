@@ -419,9 +419,10 @@ class _Compiled:
         self.sums = {number: _scratch(value.shape, dtype_of(value))
                      for number, value in enumerate(self.shared.values)
                      if _trainable(dtype_of(value)) and number not in self.sparse}
-        # A step's row of the table: kind, count, start of its operand rows,
-        # whether they are distinct, its outputs' starts (native/plan.c).
-        self.width = _native.STEP_OUTPUTS + max(len(kind.outputs) for kind in self.kinds)
+        # A step's row of the table: kind, count, start and end of its
+        # operand rows, whether they are distinct, its outputs' starts and
+        # ends (native/plan.c).
+        self.width = _native.STEP_OUTPUTS + 2 * max(len(kind.outputs) for kind in self.kinds)
         # The forward keeps each step's products in a list per dtype, at
         # place step * KEPT_PRODUCTS + j for its j-th product; ``kept``:
         # (kind number, j) -> (list number, static shape), as traced.
@@ -663,7 +664,7 @@ class _Compiled:
         position's in turn), so that one gather reads them all: the loss's
         ``add_n`` of a 256-tree minibatch has 256 positions of one buffer,
         whose gathers and gradients were a third of its program's trace."""
-        count, start = info[1], info[2]
+        start, end = info[2], info[_native.STEP_END]
         kind = self.kinds[kind_number]
         positions = [position for position, (operand_kind, _) in enumerate(kind.operands)
                      if operand_kind == ROWS]
@@ -672,7 +673,7 @@ class _Compiled:
             groups.setdefault(kind.operands[position][1], []).append((place, position))
         operand_rows = []
         if positions:
-            block = tf.gather(rows, tf.range(start, start + len(positions) * count))
+            block = tf.gather(rows, tf.range(start, end))
             if len(groups) > 1:
                 matrix = tf.reshape(block, [len(positions), -1])
                 single = tf.unstack(matrix, num=len(positions))
@@ -685,8 +686,8 @@ class _Compiled:
                     flat = tf.reshape(tf.gather(matrix, [place for place, _ in members]), [-1])
                 operand_rows.append((buffer, [position for _, position in members], flat))
         first = _native.STEP_OUTPUTS
-        places = [None if buffer is None else tf.range(info[first + number],
-                                                       info[first + number] + count)
+        places = [None if buffer is None else tf.range(info[first + 2 * number],
+                                                       info[first + 2 * number + 1])
                   for number, buffer in enumerate(kind.outputs)]
         return operand_rows, places
 
@@ -762,30 +763,28 @@ class _Compiled:
                 upstream, [[0, missing]] + [[0, 0]] * (upstream.shape.rank - 1)))
         for number, total in self.sums.items():
             total.assign(tf.zeros_like(shared[number]))
-        # Per looked-up variable: each step writes its entries' values and
-        # indices (none for steps that look nothing up) at its own place.
+        # Per looked-up variable: a list of its entries' values and one of
+        # their indices, to which each step that has entries appends them
+        # (a step that looks nothing up adds no ops: every op in the loop
+        # costs at each step).
         entries = []
         for number in self.sparse:
-            entries += [tf.TensorArray(shared[number].dtype, size=0, dynamic_size=True,
-                                       infer_shape=False,
-                                       element_shape=(None, *shared[number].shape[1:])),
-                        tf.TensorArray(tf.int32, size=0, dynamic_size=True,
-                                       infer_shape=False, element_shape=(None,))]
+            entries += [_empty_list(shared[number].dtype, shared[number].shape[1:]),
+                        _empty_list(tf.int32, ())]
         # Per weight site (``trace.sites``): its steps' operand rows and
         # their products' upstream rows, multiplied once after the loop.
         sites = trace.sites
-        weights = [tf.raw_ops.EmptyTensorList(
-            element_shape=tf.constant([-1, size], tf.int32), max_num_elements=-1,
-            element_dtype=shared[kept.shared].dtype)
-            for kept in sites.values() for size in (kept.inner, kept.shape[-1])]
+        weights = [_empty_list(shared[kept.shared].dtype, (size,))
+                   for kept in sites.values() for size in (kept.inner, kept.shape[-1])]
         steps = tf.shape(table)[0]
 
         def step(k, entries, weights):
-            info = tf.unstack(tf.gather(table, steps - 1 - k), num=self.width)
+            s = steps - 1 - k   # (once here, not again in each branch)
+            info = tf.unstack(tf.gather(table, s), num=self.width)
 
             def branch(kind_number):
                 def run():
-                    return self._step_gradient(kind_number, info, k, steps - 1 - k,
+                    return self._step_gradient(kind_number, info, k, s,
                                                trace, entries, weights)
                 return run
             flat = self._switch(info[0], branch)
@@ -802,17 +801,17 @@ class _Compiled:
                 gradients[number] = total.read_value()
             for place, kept in enumerate(sites.values()):
                 dtype = shared[kept.shared].dtype
-                operand_rows, upstream = (tf.raw_ops.TensorListConcatV2(
-                    input_handle=weights[2 * place + half],
-                    element_shape=tf.constant([-1, size], tf.int32),
-                    leading_dims=tf.zeros([0], tf.int64), element_dtype=dtype)[0]
+                operand_rows, upstream = (
+                    _concatenated(weights[2 * place + half], dtype, (size,))
                     for half, size in enumerate((kept.inner, kept.shape[-1])))
                 gradients[kept.shared] += (
                     tf.matmul(upstream, operand_rows, transpose_a=True) if kept.transpose_b
                     else tf.matmul(operand_rows, upstream, transpose_a=True))
             for place, number in enumerate(self.sparse):
-                gradients[number] = (entries[2 * place].concat(),
-                                     entries[2 * place + 1].concat())
+                gradients[number] = (
+                    _concatenated(entries[2 * place], shared[number].dtype,
+                                  shared[number].shape[1:]),
+                    _concatenated(entries[2 * place + 1], tf.int32, ()))
             # (The input rows alone: a read of the whole buffer copies it.)
             inputs = [self.adjoints[b].sparse_read(tf.range(
                 sizes[b], tf.shape(buffers[b], out_type=tf.int32)[0]))
@@ -883,17 +882,17 @@ class _Compiled:
                     (indices, rows_gradient) for (table_number, _, indices), rows_gradient
                     in zip(looked, of_rows)
                     if table_number == number and rows_gradient is not None])
-            if gradient is None:   # nothing looked up: an empty entry list
-                values_part = tf.zeros((0, *shared[number].shape[1:]), shared[number].dtype)
-                indices_part = tf.zeros((0,), tf.int32)
-            elif isinstance(gradient, tf.IndexedSlices):
+            if gradient is None:   # nothing looked up: no entries
+                continue
+            if isinstance(gradient, tf.IndexedSlices):
                 values_part = gradient.values
                 indices_part = tf.cast(gradient.indices, tf.int32)
             else:   # the variable used whole too: every row an entry
                 values_part = gradient
                 indices_part = tf.range(tf.shape(gradient)[0])
-            entries[2 * place] = entries[2 * place].write(k, values_part)
-            entries[2 * place + 1] = entries[2 * place + 1].write(k, indices_part)
+            for half, part in enumerate((values_part, indices_part)):
+                entries[2 * place + half] = tf.raw_ops.TensorListPushBack(
+                    input_handle=entries[2 * place + half], tensor=part)
         weights = list(weights)
         for place, site in enumerate(trace.sites):
             if site in deferred:
@@ -1023,6 +1022,26 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _block_shape(row_shape):
+    """A block of rows of ``row_shape`` as a tensor list's element shape."""
+    return tf.constant([-1, *(-1 if size is None else size for size in row_shape)],
+                       tf.int32)
+
+
+def _empty_list(dtype, row_shape):
+    """An empty tensor list of blocks of rows of ``row_shape``, to which a
+    loop's steps append (``TensorListPushBack``)."""
+    return tf.raw_ops.EmptyTensorList(element_shape=_block_shape(row_shape),
+                                      max_num_elements=-1, element_dtype=dtype)
+
+
+def _concatenated(blocks, dtype, row_shape):
+    """The rows of a list made by ``_empty_list``, in the order appended."""
+    return tf.raw_ops.TensorListConcatV2(
+        input_handle=blocks, element_shape=_block_shape(row_shape),
+        leading_dims=tf.zeros([0], tf.int64), element_dtype=dtype)[0]
 
 
 def _stacked_values(values, dtype, shape):

@@ -14,6 +14,7 @@ it in the statistics.
 """
 
 import contextlib
+import math
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_math_ops
@@ -39,6 +40,17 @@ def _shift_axis(axis, rank):
     return axis + 1 if axis >= 0 else axis
 
 
+def _stacked_shape(count, dims):
+    """The shape of ``count`` stacked instances of static shape ``dims``:
+    with -1 for the count where that is unambiguous, so that a trace, where
+    the count is a tensor, needs a constant rather than ops packing a shape
+    (a step of a compiled program pays about a microsecond an op)."""
+    if (type(count) is int or not all(type(size) is int for size in dims)
+            or math.prod(dims) == 0):
+        return (count, *dims)
+    return (-1, *dims)
+
+
 def _aligned(values, shared, instance_ranks, output_rank, count):
     """Stacked operands of lower rank get size-1 axes after the batch axis, so
     they broadcast against the others as each instance did."""
@@ -50,9 +62,9 @@ def _aligned(values, shared, instance_ranks, output_rank, count):
             aligned.append(value)
         elif rank < output_rank:
             dims = tuple(value.shape[1:])   # (of a tensor or a NumPy array)
-            if type(count) is int and all(type(size) is int for size in dims):
-                # Known eagerly: one reshape, no ops computing the shape.
-                aligned.append(reshape(value, (count, *[1] * (output_rank - rank), *dims)))
+            if all(type(size) is int for size in dims):
+                aligned.append(reshape(value, _stacked_shape(
+                    count, (*[1] * (output_rank - rank), *dims))))
                 continue
             shape = tf.concat([[count], [1] * (output_rank - rank),
                                tf.shape(value)[1:]], 0)
@@ -160,7 +172,7 @@ def matmul_rule(entry, attrs, values, shared, ranks, output_spec, count):
             product = compute()
         else:   # real: an adjoint is a transpose
             product = hook(a, values[1], transpose_b, compute)
-        return reshape(product, (count, rows, product.shape[-1]))
+        return reshape(product, _stacked_shape(count, (rows, product.shape[-1])))
     # Two stacked operands (MV-RNN) or higher ranks: a batched product.
     return broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count)
 
