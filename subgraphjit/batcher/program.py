@@ -1099,14 +1099,13 @@ def _stacked(nodes):
     return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
-def _rows_op(name, x, y, compute):
-    """A binary op on two operands of the same rows, recorded with its
-    gradient for that case (``rules.ROWS_GRADIENTS``): no ops to find
-    that nothing broadcasts."""
+def _rows_op(name, operands, compute, gradient):
+    """An op on stacked rows recorded with ``gradient``, its gradient for
+    that case (``rules.hooks``' ``rows``): no ops finding at run time what
+    the trace knows (that nothing broadcasts, where a concat's parts are)."""
     with _tape.stop_recording():
         result = compute()
-    _tape.record_operation(name, [result], [x, y],
-                           lambda upstream: rules.ROWS_GRADIENTS[name](upstream, x, y))
+    _tape.record_operation(name, [result], list(operands), gradient)
     return result
 
 

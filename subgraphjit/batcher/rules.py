@@ -82,7 +82,9 @@ def broadcasting_rule(entry, attrs, values, shared, ranks, output_spec, count):
     hook = _hooks["rows"]
     if (hook is not None and entry.name in ROWS_GRADIENTS and not any(shared)
             and _same_rows(*aligned)):
-        return hook(entry.name, *aligned, lambda: entry.call(aligned, attrs))
+        x, y = aligned
+        return hook(entry.name, aligned, lambda: entry.call(aligned, attrs),
+                    lambda upstream: ROWS_GRADIENTS[entry.name](upstream, x, y))
     return entry.call(aligned, attrs)
 
 
@@ -127,8 +129,10 @@ def hooks(products=None, rows=None, lookups=None):
     computing them again (batcher/program.py; the gradient of a product
     needs its operands, not its value, but the ops after it in a pattern
     need the value).  And route through ``rows(name, x, y, compute)`` each
-    binary op of ``ROWS_GRADIENTS`` on two operands of the same rows: the
-    backward records it with its gradient for that case.  And through
+    binary op of ``ROWS_GRADIENTS`` on two operands of the same rows, and
+    each concat of stacked rows along an axis of static sizes, as
+    ``rows(name, operands, compute, gradient)``: the backward records it
+    with ``gradient``, its gradient for that case.  And through
     ``lookups(table, indices, compute)`` each lookup of rows of a shared
     table: the forward keeps the rows of the variables it captured, the
     backward replays them and takes their gradient as entries."""
@@ -326,6 +330,27 @@ def _lookup(entry, attrs, values):
     return entry.call(values, attrs)
 
 
+def concat_rule(entry, attrs, values, shared, ranks, output_spec, count):
+    """A concat of stacked rows, along the instances' axis shifted past
+    the batch axis.  Through the ``rows`` hook where each part's size along
+    it is static: its gradient is then one split, where TensorFlow's finds
+    the parts' offsets at run time (a Shape, ShapeN, ConcatOffset, FloorMod
+    and a Slice per part, at each step of a compiled backward)."""
+    if any(shared):
+        raise NoRule("an operand of a layout op is shared")
+    attrs = _list_axis(attrs, ranks[0], output_spec, count, entry)
+    axis = dict(zip(entry.attr_params, attrs)).get("axis")
+    hook = _hooks["rows"]
+    if hook is None or type(axis) is not int or not all(
+            isinstance(value, tf.Tensor) and value.dtype.is_floating
+            and value.shape.rank is not None and value.shape.rank > (axis % value.shape.rank)
+            and value.shape[axis] is not None for value in values):
+        return entry.call(values, attrs)
+    sizes = [value.shape[axis] for value in values]
+    return hook(entry.name, values, lambda: entry.call(values, attrs),
+                lambda upstream: tf.split(upstream, sizes, axis=axis))
+
+
 def _split(attrs, rank, output_spec, count, entry):
     axis = dict(zip(entry.attr_params, attrs))["axis"]
     return _with(attrs, entry, axis=_shift_axis(axis, rank))
@@ -399,7 +424,7 @@ _ENTRY_RULES = {
     "reverse": _bound(lambda attrs, rank, spec, count, entry: _with(
         attrs, entry,
         axis=_shift_axis(tuple(dict(zip(entry.attr_params, attrs))["axis"]), rank))),
-    "concat": _bound(_list_axis),
+    "concat": concat_rule,
     "stack": _bound(_list_axis),
     "math.add_n": no_shared_rule,
     "split": _bound(_split),
