@@ -128,11 +128,11 @@ def hooks(products=None, rows=None, lookups=None):
     products it computes, and the backward replays them instead of
     computing them again (batcher/program.py; the gradient of a product
     needs its operands, not its value, but the ops after it in a pattern
-    need the value).  And route through ``rows(name, x, y, compute)`` each
-    binary op of ``ROWS_GRADIENTS`` on two operands of the same rows, and
-    each concat of stacked rows along an axis of static sizes, as
-    ``rows(name, operands, compute, gradient)``: the backward records it
-    with ``gradient``, its gradient for that case.  And through
+    need the value).  And route through ``rows(name, operands, compute,
+    gradient)`` each binary op of ``ROWS_GRADIENTS`` on two operands of the
+    same rows, and each concat of stacked rows along an axis of static
+    sizes: the backward records it with ``gradient``, its gradient for that
+    case.  And through
     ``lookups(table, indices, compute)`` each lookup of rows of a shared
     table: the forward keeps the rows of the variables it captured, the
     backward replays them and takes their gradient as entries."""
@@ -343,7 +343,7 @@ def concat_rule(entry, attrs, values, shared, ranks, output_spec, count):
     hook = _hooks["rows"]
     if hook is None or type(axis) is not int or not all(
             isinstance(value, tf.Tensor) and value.dtype.is_floating
-            and value.shape.rank is not None and value.shape.rank > (axis % value.shape.rank)
+            and value.shape.rank is not None and -value.shape.rank <= axis < value.shape.rank
             and value.shape[axis] is not None for value in values):
         return entry.call(values, attrs)
     sizes = [value.shape[axis] for value in values]
