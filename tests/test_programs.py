@@ -735,6 +735,30 @@ def test_weight_gradients_summed_after_the_loop_give_eager_gradients(compiled):
     assert_compiled_pattern_matches_eager(loss, [weight, bias], rng, np.float32)
 
 
+def test_a_concats_gradient_in_a_backward_is_eagers(compiled):
+    """The backward takes a concat's gradient as one split
+    (``rules.concat_rule``): parts of unequal sizes, along an axis given
+    as positive and as negative, parts read from variables, and a concat
+    whose result is concatenated again, give eager's values and
+    gradients.  (A concat along an instance's first axis makes rows of
+    another length, which run step by step.)"""
+    rng = np.random.default_rng(31)
+    weight = tensorflow.Variable(rng.normal(size=(8, 3)).astype(np.float32))
+    extra = tensorflow.Variable(rng.normal(size=(1, 2)).astype(np.float32))
+
+    def loss(module, rows):
+        terms = []
+        for row in rows:
+            wide = module.concat([module.tanh(row), row * extra[:, :1], row[:, :2] * extra],
+                                 axis=1)
+            hidden = module.sigmoid(module.matmul(wide, weight))
+            both = module.concat([module.concat([hidden, row[:, :1]], axis=-1), wide], 1)
+            terms.append(module.reduce_sum(both * both))
+        return module.add_n(terms)
+
+    assert_compiled_pattern_matches_eager(loss, [weight, extra], rng, np.float32)
+
+
 @pytest.mark.parametrize("granularity", ["op", "subgraph"])
 def test_a_backward_adds_every_gradient_of_a_row_read_twice_in_a_step(
         compiled, monkeypatch, granularity):
