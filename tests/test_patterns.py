@@ -259,6 +259,27 @@ def test_statistics_collect_then_replace(parameters):
     assert stats["patterns"] == len(frequent)
 
 
+def test_replacement_keeps_its_labels_and_candidates_between_evaluations(parameters):
+    """Each evaluation's search reads the label caches and match candidates
+    the last one filled (and still gives eager's results); a reset, which
+    forgets the patterns, forgets them too."""
+    parameters(granularity="subgraph", collect=1, freq=1)
+    rng = np.random.default_rng(0)
+    model = MODELS["tree_lstm"](rng)
+    assert_matches_eager(model, model.random_examples(rng, 3))   # collects
+    assert_matches_eager(model, model.random_examples(rng, 3))   # replaces
+    level = tf.get_parameter("equivalence")
+    labels, candidates = search.SEARCH.label_caches[level], search.SEARCH.candidates
+    assert all(labels) and candidates is not None
+    tf.reset_stats()
+    assert_matches_eager(model, model.random_examples(rng, 3))
+    assert tf.stats()["pattern_matches"] > 0
+    assert search.SEARCH.label_caches[level] is labels
+    assert search.SEARCH.candidates is candidates
+    tf.reset_patterns()
+    assert search.SEARCH.label_caches == {} and search.SEARCH.candidates is None
+
+
 def test_a_subgraph_seen_once_per_evaluation_is_no_pattern(parameters):
     """The minibatch's sum of losses, a training evaluation's one root, occurs
     once per evaluation: nothing to batch it with, so no pattern, while the

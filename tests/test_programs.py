@@ -384,6 +384,9 @@ def test_programs_of_other_trees_share_a_key():
             loss = tf.add_n([model.loss(tf, e) for e in examples])
             keys.add(planned(BatchGraph(unevaluated_ancestors([loss]))).key)
     assert len(keys) == 1
+    # (A key computes its hash once, as a plain tuple of its items would.)
+    key, = keys
+    assert hash(key) == hash(tuple(key)) and key == tuple(key)
 
 
 def test_every_node_is_located_and_steps_read_only_earlier_rows():

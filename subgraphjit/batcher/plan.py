@@ -80,6 +80,19 @@ class Kind:
             else operand for operand in operands))
 
 
+class Key(tuple):
+    """A program's key: a tuple that computes its hash once.  Keys are
+    nested tuples of kinds and specs (8 us a hash, for the Tree-LSTM's),
+    and the program cache looks a key up several times an evaluation."""
+
+    def __hash__(self):
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
+
+
 class Program:
     """``kinds`` and ``buffers`` (the (dtype, row shape) of each; both in a
     fixed order, so that equal keys mean equal programs); ``steps``: per
@@ -94,7 +107,7 @@ class Program:
         self.kinds = kinds
         self.buffers = buffers
         self.kind_keys = tuple(kind.key(buffers) for kind in kinds)
-        self.key = (tuple(buffers), self.kind_keys)
+        self.key = Key((tuple(buffers), self.kind_keys))
         self.relatives = (tuple(buffers), frozenset(
             kind.relative_key(key) for kind, key in zip(kinds, self.kind_keys)))
         self.computed = [0] * len(buffers)
