@@ -102,20 +102,23 @@ class Signer:
         self.for_patterns = for_patterns
         self.required = required      # ids of nodes walks stop at (not roots)
         self._memo = {}
-        # The label caches depend on the level alone (their keys are op
-        # entries, interned specs and operand types): ``labels``, from
-        # ``label_caches()``, carries them from one Signer to the next of
-        # that level, so that each evaluation's search does not ask Python
-        # for the same labels again (about 0.1 ms an evaluation).
-        (self._labels, self._spec_labels, self._input_labels,
+        self._labels = {}
+        # The caches match programs read (native/match.c) depend on the
+        # level alone (their keys are interned specs and operand types):
+        # ``labels``, from ``label_caches()``, carries them from one Signer
+        # to the next of that level, so that each evaluation's search does
+        # not ask Python for the same labels again (about 0.1 ms an
+        # evaluation).  (Not ``_labels``, which only walks read: its keys
+        # hold ops' attributes, which may be a minibatch's own values.)
+        (self._spec_labels, self._input_labels,
          self._operand_kinds) = labels if labels is not None else self.label_caches()
         self.nodes_hashed = 0  # label hashes computed: the work done
 
     @staticmethod
     def label_caches():
-        """Empty label caches for ``Signer(labels=...)``: by (entry, attrs,
-        spec), by spec, by spec for inputs, and by operand type (match.c)."""
-        return {}, {}, {}, {}
+        """Empty label caches for ``Signer(labels=...)``: by spec, by spec
+        for inputs, and by operand type (match.c)."""
+        return {}, {}, {}
 
     def walk(self, root, depth):
         """The signature of the subgraph under ``root`` to ``depth``."""
