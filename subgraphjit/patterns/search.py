@@ -74,11 +74,11 @@ class PatternSearch:
         self.op_counts = {}      # signature -> ops in the subgraph
         self.templates = {}      # root (op entry, attrs) -> [(Template, Pattern)]
         self.fused = {}          # (producer, consumer, wiring) -> FusedPattern
-        # What every replacement reads again, made once: the Signers' label
-        # caches per equivalence level, and the match programs to try per
-        # root op (``_candidates``).
-        self.label_caches = {}
-        self.candidates = None   # (depth, {entry: candidates})
+        # What every replacement reads again, made once per settings (a
+        # change of settings resets): the label caches match programs
+        # read, and the match programs to try per root op (``_candidates``).
+        self.label_caches = Signer.label_caches()
+        self.candidates = None
         context.patterns = None  # signature -> Pattern, once collection ends
         # Granularity "auto": ops or patterns, timed, per mode (training
         # and inference can prefer different units).
@@ -134,10 +134,8 @@ class PatternSearch:
         # Only targets can be roots: every other node feeds one.
         # (In C: a scope's targets are everything recorded in it.)
         roots = _native.search_roots(targets, required)
-        labels = self.label_caches.get(level)
-        if labels is None:
-            labels = self.label_caches[level] = Signer.label_caches()
-        signer = Signer(level, for_patterns=True, required=required, labels=labels)
+        signer = Signer(level, for_patterns=True, required=required,
+                        labels=self.label_caches)
         if context.patterns is None:  # stage 1
             nodes = _native.unevaluated_ancestors(targets)
             self._collect(roots, signer, depth, COLLECT_NODES - self.nodes)
@@ -207,7 +205,6 @@ class PatternSearch:
         for candidates in self.templates.values():  # the largest first
             candidates.sort(key=lambda candidate: -candidate[1].op_count)
         context.patterns = patterns
-        self.candidates = None
         self.examples = {}
         if self.on_collected is not None:
             self.on_collected(patterns)
@@ -221,8 +218,10 @@ class PatternSearch:
         then join pairs of pattern nodes (``_fuse_in_place``).  The nodes
         are the user's VirtualNodes: every later pass sees the rewrite.
         Returns the nodes reached (left to run), in recording order."""
+        if self.candidates is None:
+            self.candidates = self._candidates(depth)
         reached, replaced, matches = _native.replace(
-            roots, self._candidates(depth), signer.match_labels())
+            roots, self.candidates, signer.match_labels())
         for entry, count in matches.items():
             entry.pattern.matches += count
         context.pattern_matches += len(replaced)
@@ -235,22 +234,17 @@ class PatternSearch:
         the largest pattern first.  A leaf's 3-way split and an inner node's
         5-way one try different patterns: a program checks the root's
         attributes first, so one list per op tries the same ones in the
-        same order as a list per (op, attributes) would.  (Made again only
-        for another depth: the templates change only in ``_select``, after
-        a ``reset``.)"""
-        if self.candidates is not None and self.candidates[0] == depth:
-            return self.candidates[1]
+        same order as a list per (op, attributes) would.  (Made once: the
+        templates change only in ``_select``, after a ``reset``.)"""
         by_entry = {}
         for (entry, _), candidates in self.templates.items():
             by_entry.setdefault(entry, []).extend(candidates)
-        candidates_by_entry = {
+        return {
             entry: tuple((template.program(depth), pattern.entry,
                           tuple(pattern.argument_positions))
                          for template, pattern in sorted(
                              candidates, key=lambda candidate: -candidate[1].op_count))
             for entry, candidates in by_entry.items()}
-        self.candidates = (depth, candidates_by_entry)
-        return candidates_by_entry
 
     def _fuse_in_place(self, pattern_nodes):
         """Join each pattern node to the multi-output pattern node whose

@@ -106,8 +106,8 @@ class Signer:
         # The caches match programs read (native/match.c) depend on the
         # level alone (their keys are interned specs and operand types):
         # ``labels``, from ``label_caches()``, carries them from one Signer
-        # to the next of that level, so that each evaluation's search does
-        # not ask Python for the same labels again (about 0.1 ms an
+        # to the next of the same level, so that each evaluation's search
+        # does not ask Python for the same labels again (about 0.1 ms an
         # evaluation).  (Not ``_labels``, which only walks read: its keys
         # hold ops' attributes, which may be a minibatch's own values.)
         (self._spec_labels, self._input_labels,
