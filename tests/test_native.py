@@ -390,3 +390,18 @@ def test_set_operators_rejects_bad_tables_and_keeps_the_installed_ones(arguments
         _native.set_operators(*arguments)
     node = tf.tanh(constant(1, 1))
     assert type(node + 1.0) is VirtualNode
+
+
+@pytest.mark.parametrize("function, values, axis", [
+    ("concat", lambda x: x, 0), ("concat", lambda x: (x, x), 1), ("concat", lambda x: [x], 0),
+    ("stack", lambda x: x, 1), ("add_n", lambda x: x, None), ("add_n", lambda x: [x, x], None),
+])
+def test_a_lone_tensor_is_taken_as_tensorflow_takes_it(function, values, axis):
+    """tf.concat takes a tensor given for its list as a list of it; tf.stack
+    and tf.add_n iterate it (its rows)."""
+    x = tensorflow.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    axis = () if axis is None else (axis,)
+    want = getattr(tensorflow, function)(values(x), *axis).numpy()
+    got = getattr(tf, function)(values(tf.identity(x)), *axis)
+    assert type(got) is VirtualNode
+    np.testing.assert_array_equal(np.asarray(got), want)

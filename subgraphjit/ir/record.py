@@ -178,7 +178,9 @@ def build_entry_functions(entry, public_name, fast=None):
 
     attrs_expr = "(" + "".join(f"{p}, " for p in entry.attr_params) + ")"
     if entry.list_input:
-        inputs_expr = f"tuple({entry.tensor_params[0]})"
+        values = entry.tensor_params[0]
+        inputs_expr = (f"(({values},) if not isinstance({values}, (list, tuple)) "
+                       f"else tuple({values}))" if entry.lone_is_list else f"tuple({values})")
         recorded = f"_record(_entry, {inputs_expr}, {attrs_expr})"
         call_tensors = {entry.tensor_params[0]: "list(values)"}
     else:

@@ -61,7 +61,9 @@ class OpEntry:
     """One entry of the op table.
 
     The first ``tensors`` parameters of ``fn`` take tensors (with
-    ``list_input``, the first parameter takes a list of tensors); every other
+    ``list_input``, the first parameter takes a list of tensors, and with
+    ``lone_is_list`` a value that is no list or tuple is a list of it, as
+    in ``tf.concat``, rather than iterated); every other
     parameter except ``name`` is an attribute.  ``index_positions`` are tensor
     operands holding indices (stand-ins there are zeros).  ``family`` says how
     the op batches; ``multi_output`` ops return a list of nodes.
@@ -72,7 +74,7 @@ class OpEntry:
     """
 
     def __init__(self, name, fn, family, tensors=1, list_input=False,
-                 index_positions=(), multi_output=False, thaw=None,
+                 lone_is_list=False, index_positions=(), multi_output=False, thaw=None,
                  gathers_from=None, node_kind="op"):
         if node_kind not in NODE_KINDS:
             raise ValueError(f"unknown node kind {node_kind!r}")
@@ -83,6 +85,7 @@ class OpEntry:
         self.family = family
         self.tensors = tensors
         self.list_input = list_input
+        self.lone_is_list = lone_is_list
         self.index_positions = frozenset(index_positions)
         self.multi_output = multi_output
         self.thaw = thaw            # undoes ``freeze`` for ops with odd attrs
@@ -189,7 +192,10 @@ TF_ENTRIES = [
     *_entries("matmul", ["linalg.matmul", "tensordot"], tensors=2),
     *_entries("shape", ["reshape", "transpose", "expand_dims", "squeeze",
                         "tile", "reverse"]),
-    *_entries("concat", ["concat", "stack", "math.add_n"], list_input=True),
+    # (tf.concat takes a lone tensor as a list of it, where the others
+    # iterate it: its rows.)
+    *_entries("concat", ["concat"], list_input=True, lone_is_list=True),
+    *_entries("concat", ["stack", "math.add_n"], list_input=True),
     *_entries("split", ["split", "unstack"], multi_output=True),
     *_entries("gather", ["gather", "nn.embedding_lookup"], tensors=2,
               index_positions=(1,), gathers_from=0),
