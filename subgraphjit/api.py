@@ -100,6 +100,8 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
                     # previous scope's graph is freed (overlap.end), and a
                     # queued failure is raised naming the user's line.
                     evaluate(recorded, required=(), queue=True)
+                    overlap.drop_later(recorded)
+                    recorded = None
                     if overlap.holding():
                         overlap.end()
             failed = kind is not None
@@ -140,6 +142,8 @@ class GradientTape(tf.GradientTape):
             recorded = context.close_scope()
             if kind is None:
                 evaluate(recorded, required=())
+                overlap.drop_later(recorded)
+                recorded = None
                 failed = False
         finally:
             context.resume_collector()
