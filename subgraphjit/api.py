@@ -142,8 +142,6 @@ class GradientTape(tf.GradientTape):
             recorded = context.close_scope()
             if kind is None:
                 evaluate(recorded, required=())
-                overlap.drop_later(recorded)
-                recorded = None
                 failed = False
         finally:
             context.resume_collector()
