@@ -179,7 +179,7 @@ def drop_later(nodes):
     with, until the next ``end()``, which drops it before it waits: most
     of a scope's nodes are inside patterns and referenced by nothing
     else, and freeing them where the list was dropped cost the recording
-    thread 0.7 ms of a 25-tree inference (BENCHMARKS.md); freed while the
+    thread 0.6-0.75 ms of a 25-tree inference (BENCHMARKS.md); freed while the
     queued program runs, they cost it nothing.  (Nothing queued: the
     caller drops them now.)"""
     if active():
