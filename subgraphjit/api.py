@@ -97,12 +97,9 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
                 if kind is None:
                     # The last part's program is queued behind the
                     # pipelined parts' and waited for here: meanwhile the
-                    # previous scope's graph and this one's nodes nothing
-                    # else holds are freed (overlap.end, drop_later), and
-                    # a queued failure is raised naming the user's line.
+                    # previous scope's graph is freed (overlap.end), and a
+                    # queued failure is raised naming the user's line.
                     evaluate(recorded, required=(), queue=True)
-                    overlap.drop_later(recorded)
-                    recorded = None
                     if overlap.holding():
                         overlap.end()
             failed = kind is not None

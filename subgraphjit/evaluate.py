@@ -233,7 +233,6 @@ def evaluate_so_far(upto):
     # be ``compile`` of the last 16 cost a 256-tree Tree-LSTM's inference
     # two passes of 2,000 trees; the compile budget bounds the waste).
     evaluate(recorded, required=(), pipelined=True, compile_after=1)
-    overlap.drop_later(recorded)
     if not overlap.holding() or context.one_part:
         # It ran where it was called (its program not compiled, or over
         # varying shapes), or the scope is small (context.FIRST_SHARE):

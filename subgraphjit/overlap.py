@@ -29,8 +29,6 @@ queue finish; if it failed, the nodes get them back, unevaluated, and run
 anew, step by step, so that the error names the user's line as it would
 have unqueued.  If it ran, they are freed at the next ``end()``, before
 it waits: a scope's graph is freed while the next scope's last part runs.
-The lists of nodes a scope's evaluations are done with (most of them
-inside patterns) wait for the next ``end()`` too (``drop_later``).
 
 Calls must not ask for a queued tensor's shape, which waits for it: a
 ``tf.function`` checks its arguments' shapes, so the backward and the
@@ -129,7 +127,7 @@ def end():
     # recorded graph) are dropped at the next end(), before it waits:
     # freeing them after the wait kept the other core idle, 4.7 ms of a
     # 256-tree inference's 71 (BENCHMARKS.md).
-    _thread.spent = _thread.dropped = None
+    _thread.spent = None
     failed, held = _wait()
     if failed is None:
         _thread.spent = held
@@ -172,21 +170,6 @@ def in_place():
         yield
     finally:
         current.executor = _thread.queue
-
-
-def drop_later(nodes):
-    """Keep ``nodes``, a list of an evaluation's nodes its caller is done
-    with, until the next ``end()``, which drops it before it waits: most
-    of a scope's nodes are inside patterns and referenced by nothing
-    else, and freeing them where the list was dropped cost the recording
-    thread 0.6-0.75 ms of a 25-tree inference (BENCHMARKS.md); freed while the
-    queued program runs, they cost it nothing.  (Nothing queued: the
-    caller drops them now.)"""
-    if active():
-        dropped = getattr(_thread, "dropped", None)
-        if dropped is None:
-            dropped = _thread.dropped = []
-        dropped.append(nodes)
 
 
 def hold(nodes, operands):

@@ -519,35 +519,3 @@ def _last_parts_queued_and_freed(loss, rng):
         assert all(reference() is None for reference in refs)
         refs = [weakref.ref(row) for row in rows]
         del rows, losses
-
-
-def test_an_evaluations_nodes_dropped_later_are_freed_by_the_next_end(pipelined, monkeypatch):
-    """A scope's recorded lists (its pipelined parts' and its close's) are
-    kept until the next end(), which frees them before it waits; with
-    nothing queued they are not kept."""
-    class Marker:   # (a list cannot be referenced weakly)
-        pass
-    kept = weakref.ref(marker := Marker())
-    overlap.drop_later([marker])
-    del marker
-    assert kept() is None   # nothing queued: not kept
-
-    dropped = []
-    monkeypatch.setattr(overlap, "drop_later", lambda nodes, drop=overlap.drop_later: (
-        dropped.append(len(nodes)), drop(nodes)))
-    rng = np.random.default_rng(5)
-    model = MODELS["tree_lstm"](rng)
-    examples = model.random_examples(rng, 8)
-    lazy_losses(model, examples)
-    assert len(dropped) >= 2 and all(count > 0 for count in dropped)
-
-    overlap.begin()
-    try:
-        kept = weakref.ref(marker := Marker())
-        monkeypatch.undo()
-        overlap.drop_later([marker])
-        del marker
-        assert kept() is not None
-    finally:
-        overlap.end()
-    assert kept() is None
