@@ -178,9 +178,11 @@ def build_entry_functions(entry, public_name, fast=None):
 
     attrs_expr = "(" + "".join(f"{p}, " for p in entry.attr_params) + ")"
     if entry.list_input:
-        values = entry.tensor_params[0]
-        inputs_expr = (f"(({values},) if not isinstance({values}, (list, tuple)) "
-                       f"else tuple({values}))" if entry.lone_is_list else f"tuple({values})")
+        listed = entry.tensor_params[0]
+        inputs_expr = f"tuple({listed})"
+        if entry.lone_is_list:
+            inputs_expr = (f"({inputs_expr} if isinstance({listed}, (list, tuple)) "
+                           f"else ({listed},))")
         recorded = f"_record(_entry, {inputs_expr}, {attrs_expr})"
         call_tensors = {entry.tensor_params[0]: "list(values)"}
     else:
