@@ -531,8 +531,7 @@ class _Compiled:
                                               num_elements=steps * KEPT_PRODUCTS,
                                               element_dtype=dtype)
                  for dtype in self.product_dtypes] if keep else []
-        done = tf.while_loop(lambda s, *_: s < steps, step, (0, *lists),
-                             parallel_iterations=1)
+        done = _loop(lambda s, *_: s < steps, step, (0, *lists))
         with tf.control_dependencies(tf.nest.flatten(done)):
             for value in self.values:
                 tf.raw_ops.DisableCopyOnRead(resource=value.handle)
@@ -640,21 +639,12 @@ class _Compiled:
     def _switch(self, kind_number, branch):
         if len(self.kinds) == 1:
             return branch(0)()
-        graph = tf.compat.v1.get_default_graph()
-        before = len(graph.get_operations())
-        outputs = tf.switch_case(kind_number, [branch(k) for k in range(len(self.kinds))])
         # Run only the step's branch, as a function call.  Lowered to
         # switches and merges (TensorFlow's default), every op of every
         # other branch would pass a dead tensor on, at each step: the
-        # Tree-LSTM's programs ran 5-7% slower at minibatches of 256.  (No public
-        # API says so; where this private one fails, the default stays.)
-        for op in graph.get_operations()[before:]:
-            if op.type in ("Case", "StatelessCase"):
-                try:
-                    op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
-                except (AttributeError, TypeError, ValueError):
-                    pass
-        return outputs
+        # Tree-LSTM's programs ran 5-7% slower at minibatches of 256.
+        return _unlowered(("Case", "StatelessCase"), tf.switch_case, kind_number,
+                          [branch(k) for k in range(len(self.kinds))])
 
     def _indices(self, kind_number, info, rows):
         """A step's operand rows and output rows, from its part of the step
@@ -792,8 +782,7 @@ class _Compiled:
                 return k + 1, [], []
             return k + 1, list(flat[:len(entries)]), list(flat[len(entries):])
 
-        done = tf.while_loop(lambda k, *_: k < steps, step, (0, entries, weights),
-                             parallel_iterations=1)
+        done = _loop(lambda k, *_: k < steps, step, (0, entries, weights))
         entries, weights = done[1], done[2]
         with tf.control_dependencies(tf.nest.flatten(done)):
             gradients = [tf.zeros([0], tf.float32)] * len(shared)   # (none)
@@ -1022,6 +1011,34 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+def _loop(condition, body, loop_vars):
+    """A loop over the steps, one at a time (every read sees the writes
+    before it), run as a loop of function calls.  Lowered to frames
+    (TensorFlow's default), every loop variable not passed through as is
+    (the buffers' handles, the weights read: a dozen for the Tree-LSTM)
+    went through a merge, a switch and a next-iteration at every step:
+    the 25-tree inference program ran 4-7% slower, about 13 us a step."""
+    return _unlowered(("While", "StatelessWhile"), tf.while_loop, condition, body,
+                      loop_vars, parallel_iterations=1)
+
+
+def _unlowered(types, make, *args, **kwargs):
+    """``make(*args, **kwargs)``, its new ops of ``types`` (control flow)
+    marked to run as function calls, not lowered to switches and merges.
+    (No public API says so; where this private one fails, the default
+    stays.)"""
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    outputs = make(*args, **kwargs)
+    for op in graph.get_operations()[before:]:
+        if op.type in types:
+            try:
+                op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+            except (AttributeError, TypeError, ValueError):
+                pass
+    return outputs
 
 
 def _block_shape(row_shape):
