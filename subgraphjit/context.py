@@ -129,14 +129,14 @@ PARAMETERS = {
         "measured faster (eager_scopes.py; a minibatch of one, a loop that "
         "reads each instance's values); False: every scope records"),
     "pipeline": Parameter(
-        20_000, int, lambda value: _positive_int(value) or value == 0,
+        30_000, int, lambda value: _positive_int(value) or value == 0,
         "in inference (no tape could record), once a scope holds this many "
         "recorded nodes, evaluate them, up to where no later op read back "
         "(whole trees or sequences), while the rest of the scope records: "
         "their compiled program runs on another core (overlap.py), which "
         "needs 'overlap'; 0: a scope is evaluated only when it closes "
-        "(20,000, the default: about 30 trees of the SST Tree-LSTM, so a "
-        "minibatch of 256 evaluates in eight parts and the rest; where the "
+        "(30,000, the default: about 45 trees of the SST Tree-LSTM, so a "
+        "minibatch of 256 evaluates in five parts and the rest; where the "
         "last inference scope recorded fewer than twice this many, as a "
         f"minibatch of 25 trees, one part of {FIRST_SHARE:.0%} of its count, "
         f"at least {MIN_PART:,} nodes, and the rest; see BENCHMARKS.md)"),
