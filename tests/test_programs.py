@@ -972,6 +972,45 @@ def test_a_program_traces_the_modes_it_runs(compiled):
                for compiled_program in programs)
 
 
+def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
+    """Every loop over a program's steps (forward, inference, backward) and
+    every switch among its kinds is marked not to be lowered to frames:
+    lowered, each step paid a merge, a switch and a next-iteration per
+    loop variable (BENCHMARKS.md).  Results stay eager's."""
+    rng = np.random.default_rng(43)
+    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
+
+    def outputs(module, instances):
+        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, ids), weight))
+                for ids, _, _ in instances]
+
+    for _ in range(2):
+        instances = _random_ids(rng, 4)
+        with tf.batching():
+            actual = outputs(tf, instances)
+        for got, want in zip(actual, outputs(tensorflow, instances)):
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+        _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
+    traced = [(mode, getattr(compiled_program, mode))
+              for compiled_program in _compiled_programs()
+              for mode in ("inference", "forward", "backward")
+              if hasattr(compiled_program, mode)]
+    assert {mode for mode, _ in traced} == {"inference", "forward", "backward"}, traced
+    functions = [function for _, function in traced]
+    marked = collections.Counter()
+    for function in functions:
+        graph = function.graph.as_graph_def()
+        nodes = list(graph.node) + [node for library_function in graph.library.function
+                                    for node in library_function.node_def]
+        for node in nodes:
+            if node.op in ("While", "StatelessWhile", "Case", "StatelessCase"):
+                assert "_lower_using_switch_merge" in node.attr, node.name
+                assert not node.attr["_lower_using_switch_merge"].b, node.name
+                marked[node.op.replace("Stateless", "")] += 1
+    assert marked["While"] >= len(functions) and marked["Case"] >= len(functions), marked
+
+
 def test_a_gather_along_a_later_axis_reads_its_variable_whole(compiled):
     """A gather from a shared variable along its second axis is no lookup
     of rows: the rule refuses it, the step repeats the variable per
