@@ -940,24 +940,35 @@ def test_a_variable_changed_before_the_gradient_gives_eagers_gradient(compiled, 
     assert tf.stats()["program_runs"] >= 1
 
 
-def test_a_program_traces_the_modes_it_runs(compiled):
-    """A program run for inference traces its inference forward alone (no
-    backward); run by a tape later, the same key traces its training
-    functions and gives eager's values and gradients."""
-    rng = np.random.default_rng(41)
+def _looked_up_products(seed):
+    """A generator, a table, a weight, and ``outputs(module, instances)``:
+    tanh of each instance's rows of the table times the weight (a lookup
+    and a pattern: a program of two kinds)."""
+    rng = np.random.default_rng(seed)
     table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
 
     def outputs(module, instances):
         return [module.tanh(module.matmul(module.nn.embedding_lookup(table, ids), weight))
                 for ids, _, _ in instances]
+    return rng, table, weight, outputs
 
+
+def _infer_as_eager(outputs, instances):
+    """``outputs`` of ``instances`` in a batching scope equal eager's."""
+    with tf.batching():
+        actual = outputs(tf, instances)
+    for got, want in zip(actual, outputs(tensorflow, instances)):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+
+
+def test_a_program_traces_the_modes_it_runs(compiled):
+    """A program run for inference traces its inference forward alone (no
+    backward); run by a tape later, the same key traces its training
+    functions and gives eager's values and gradients."""
+    rng, table, weight, outputs = _looked_up_products(41)
     for _ in range(3):
-        instances = _random_ids(rng, 4)
-        with tf.batching():
-            actual = outputs(tf, instances)
-        for got, want in zip(actual, outputs(tensorflow, instances)):
-            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+        _infer_as_eager(outputs, _random_ids(rng, 4))
     programs = _compiled_programs()
     assert programs and all(compiled_program.modes == {False: True}
                             and not hasattr(compiled_program, "backward")
@@ -977,20 +988,9 @@ def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
     every switch among its kinds is marked not to be lowered to frames:
     lowered, each step paid a merge, a switch and a next-iteration per
     loop variable (BENCHMARKS.md).  Results stay eager's."""
-    rng = np.random.default_rng(43)
-    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
-    weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
-
-    def outputs(module, instances):
-        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, ids), weight))
-                for ids, _, _ in instances]
-
+    rng, table, weight, outputs = _looked_up_products(43)
     for _ in range(2):
-        instances = _random_ids(rng, 4)
-        with tf.batching():
-            actual = outputs(tf, instances)
-        for got, want in zip(actual, outputs(tensorflow, instances)):
-            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
+        _infer_as_eager(outputs, _random_ids(rng, 4))
         _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
     traced = [(mode, getattr(compiled_program, mode))
               for compiled_program in _compiled_programs()
