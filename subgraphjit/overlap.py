@@ -28,7 +28,9 @@ its nodes drop are held aside (``hold``) until ``end()`` has seen the
 queue finish; if it failed, the nodes get them back, unevaluated, and run
 anew, step by step, so that the error names the user's line as it would
 have unqueued.  If it ran, they are freed at the next ``end()``, before
-it waits: a scope's graph is freed while the next scope's last part runs.
+it waits, and so are the nodes only the close's list still holds (those
+inside patterns, ``drop_later``): a scope's graph is freed while the next
+scope's last part runs.
 
 Calls must not ask for a queued tensor's shape, which waits for it: a
 ``tf.function`` checks its arguments' shapes, so the backward and the
@@ -144,6 +146,17 @@ def end():
         "set_parameter('overlap', False) runs every operation where it is "
         "called.")
     raise failed
+
+
+def drop_later(garbage):
+    """Keep ``garbage`` (a scope's last nodes, read by nothing once its
+    queued program ran) alive until the next ``end()`` drops it with the
+    held nodes, before it waits: freed where the close's wait would have
+    left the thread idle, not after it.  Only right after an ``end()``
+    that saw the queue run: the next one that waits drops it."""
+    spent = getattr(_thread, "spent", None)
+    if spent is not None:
+        spent.append(garbage)
 
 
 def discard():

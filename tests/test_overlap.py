@@ -504,6 +504,41 @@ def test_a_scopes_last_part_is_queued_and_its_graph_freed_by_the_next_close(
     assert not overlap.active() and not overlap.holding()
 
 
+def test_the_nodes_inside_a_closes_patterns_are_freed_by_the_next_close(compiled):
+    """What only the close's list holds (nodes swallowed by a pattern, read
+    by nothing) lives until the next close waits, not after this one's
+    wait: values as eager's, and nothing kept longer."""
+    rng = np.random.default_rng(9)
+    weight = tf.Variable(rng.normal(size=(4, 4)).astype(np.float32))
+
+    def loss(module, row, inside=None):
+        hidden = module.tanh(module.matmul(row, weight))
+        if inside is not None:
+            inside.append(weakref.ref(hidden))
+        return module.reduce_sum(module.tanh(module.matmul(hidden, weight)))
+
+    previous = tf.get_parameter("pipeline")
+    tf.set_parameter("pipeline", 0)   # (one part: the close's)
+    try:
+        earlier = []
+        for scope in range(4):
+            rows = [rng.normal(size=(1, 4)).astype(np.float32) for _ in range(6)]
+            inside = []
+            with tf.batching():
+                losses = [loss(tf, row, inside) for row in rows]
+            np.testing.assert_allclose([float(value) for value in losses],
+                                       [float(loss(tensorflow, row)) for row in rows],
+                                       rtol=1e-5, atol=1e-6)
+            assert all(hidden() is None for hidden in earlier)
+            if scope:   # (the first collects patterns, op by op)
+                assert tf.stats()["pattern_matches"] and all(
+                    hidden() is not None and hidden().swallowed for hidden in inside)
+            earlier = inside
+    finally:
+        overlap.end()
+        tf.set_parameter("pipeline", previous)
+
+
 def _last_parts_queued_and_freed(loss, rng):
     """Scopes of six rows: values as eager's, and each scope's rows (the
     operands its recording holds) freed by the next close."""
