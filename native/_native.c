@@ -193,7 +193,7 @@ node_get_row(PyObject *self, void *unused)
 static int
 set_row(Node *node, PyObject *batched, PyObject *row)
 {
-    PyObject *pair = PyTuple_Pack(2, batched, row);
+    PyObject *pair = row_pair(batched, row);
     if (pair == NULL)
         return -1;
     node->is_row = 1;

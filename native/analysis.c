@@ -135,7 +135,7 @@ leftovers(PyObject *recorded)
             Py_DECREF(item);
         }
     }
-    PyObject *left = PyList_New(0);
+    PyObject *left = node_list(0);
     if (left == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(recorded); i++) {
@@ -178,7 +178,7 @@ take_first(PyObject *list, Py_ssize_t upto)
                      "between 0 and the list's length, %zd", upto, size);
         return NULL;
     }
-    PyObject *taken = PyList_New(upto);
+    PyObject *taken = node_list(upto);
     if (taken == NULL)
         return NULL;
     if (upto == 0)

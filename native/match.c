@@ -1004,8 +1004,8 @@ replace(PyObject *module, PyObject *args)
             PyErr_SetString(PyExc_SystemError, "replace(): a node reached twice");
         goto done;
     }
-    PyObject *reached_list = PyList_New(reached.size);
-    PyObject *replaced_list = reached_list == NULL ? NULL : PyList_New(replaced_count);
+    PyObject *reached_list = node_list(reached.size);
+    PyObject *replaced_list = reached_list == NULL ? NULL : node_list(replaced_count);
     if (replaced_list != NULL) {
         Py_ssize_t placed = 0;
         for (Py_ssize_t i = 0; i < reached.size; i++) {

@@ -92,6 +92,32 @@ prefetch_node(const void *node)
     __builtin_prefetch((const char *)node + 64);
 }
 
+/* A new list of ``size`` slots for nodes only, or NULL with an exception
+ * set.  Nodes are not tracked by Python's cyclic collector (no cycle
+ * through one is ever found), so neither is a list of them: tracked, the
+ * collections after a 256-tree inference scope visited every node of the
+ * scope's lists, 4 ms each (BENCHMARKS.md).  Appending keeps it untracked. */
+static inline PyObject *
+node_list(Py_ssize_t size)
+{
+    PyObject *list = PyList_New(size);
+    if (list != NULL)
+        PyObject_GC_UnTrack(list);
+    return list;
+}
+
+/* A node's value that is a row of a batched value: the pair (batched, row),
+ * untracked by the collector, as node_list: it is referenced by its node
+ * only, and every node of a scope holds one.  NULL with an exception set. */
+static inline PyObject *
+row_pair(PyObject *batched, PyObject *row)
+{
+    PyObject *pair = PyTuple_Pack(2, batched, row);
+    if (pair != NULL)
+        PyObject_GC_UnTrack(pair);
+    return pair;
+}
+
 /* Input ``i`` of a node, borrowed: valid until its inputs are set again,
  * which Python code may do (hold a reference across a callback). */
 static inline PyObject *

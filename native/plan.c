@@ -907,6 +907,7 @@ write_back(PyObject *module, PyObject *args)
             row = PyTuple_New(outputs[i]);
             if (batched == NULL || row == NULL)
                 goto fail_node;
+            PyObject_GC_UnTrack(batched);   /* (held by its pair only: row_pair) */
             for (Py_ssize_t n = 0; n < outputs[i]; n++) {
                 PyObject *number = PyLong_FromLong(slot[2 * n + 1]);
                 if (number == NULL)
@@ -935,7 +936,7 @@ write_back(PyObject *module, PyObject *args)
                 goto swallow;
         }
         if (batched != NULL) {
-            PyObject *pair = PyTuple_Pack(2, batched, row);
+            PyObject *pair = row_pair(batched, row);
             Py_CLEAR(batched);
             Py_CLEAR(row);
             if (pair == NULL)

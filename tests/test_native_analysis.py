@@ -3,6 +3,7 @@ references kept here (the package has one implementation, the native one):
 random DAGs, graphs recorded from the example models, and bad input, which
 must raise clean exceptions."""
 
+import gc
 import weakref
 
 import numpy as np
@@ -345,6 +346,8 @@ def test_scope_leftovers_drop_unreferenced_nodes_and_skip_evaluated_and_swallowe
     keep = [held, evaluated, batched, swallowed, access, other_access]
     left = _native.scope_leftovers(recorded)
     assert left == [held, other_access]
+    # (Lists of nodes only: never in a cycle the collector could find.)
+    assert not gc.is_tracked(left)
     assert probe() is None   # freed once its only reader was
     assert recorded[1] is None and recorded[7] is None
     swallowed.swallowed = False
@@ -366,6 +369,7 @@ def test_scope_leftovers_of_a_part_take_it_out_of_the_list():
     del only_listed
     assert _native.scope_leftovers(recorded, 4) == [held]
     assert recorded == [later] and probe() is None
+    assert not gc.is_tracked(_native.scope_leftovers([held, later], 1))
     assert _native.scope_leftovers(recorded, 0) == [] and recorded == [later]
     assert _native.scope_leftovers(recorded, 1) == [later] and recorded == []
     for upto, error in [(-1, ValueError), (3, ValueError), (2 ** 70, OverflowError),

@@ -4,6 +4,7 @@ where eager TensorFlow leaves it, a variable read in the asynchronous
 stretch sees the update, and an error of an op run there is raised at the
 next evaluation, saying why."""
 
+import gc
 import weakref
 
 import numpy as np
@@ -537,6 +538,28 @@ def test_the_nodes_inside_a_closes_patterns_are_freed_by_the_next_close(compiled
     finally:
         overlap.end()
         tf.set_parameter("pipeline", previous)
+
+
+def test_a_scopes_graph_is_not_tracked_by_the_cyclic_collector(compiled):
+    """The containers an evaluated scope leaves, one per node (the pair
+    of a node's batched value and row), and its lists of nodes are
+    untracked: a collection after a scope does not visit each of its
+    nodes.  Values stay eager's."""
+    rng = np.random.default_rng(10)
+    model = MODELS["tree_lstm"](rng)
+    lazy_losses(model, model.random_examples(rng, 4))   # (collects patterns)
+    examples = model.random_examples(rng, 8)
+    with tf.batching():
+        losses = [model.loss(tf, example) for example in examples]
+    np.testing.assert_allclose([float(loss) for loss in losses],
+                               [float(model.loss(tensorflow, example)) for example in examples],
+                               rtol=1e-5, atol=1e-6)
+    overlap.end()
+    batched = {id(loss.batched): loss.batched for loss in losses if loss.batched is not None}
+    assert batched   # (rows of a program's buffers, read without a slice)
+    tracked = [holder for buffer in batched.values() for holder in gc.get_referrers(buffer)
+               if type(holder) is tuple and len(holder) == 2 and type(holder[1]) is int]
+    assert not tracked
 
 
 def _last_parts_queued_and_freed(loss, rng):
