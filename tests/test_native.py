@@ -91,6 +91,35 @@ def test_record_builds_the_key_counts_consumers_and_names_the_users_line():
     assert entry.cache[key] is b.spec
 
 
+def test_a_site_is_the_callers_frame_however_it_was_called():
+    """The site is the frame ``sys._getframe(1)`` gives from the wrapper
+    (read off the interpreter's frames in C where it can be): a function,
+    a lambda, a comprehension's and a generator's own frames, a frame of
+    many sites, and a call from C (``map``), which names its caller."""
+    x = constant(2, 3)
+
+    def here(node, frame):   # (the frame's line now, while it runs it)
+        return node.site, (frame.f_code, frame.f_lineno)
+
+    def helper():
+        return here(tf.tanh(x), sys._getframe())
+
+    def generator():
+        yield here(tf.tanh(x), sys._getframe())
+
+    with tf.batching():
+        sites = [helper(), (lambda: here(tf.tanh(x), sys._getframe()))(),
+                 [here(tf.tanh(x), sys._getframe()) for _ in range(1)][0],
+                 next(generator()), next(here(tf.tanh(x), sys._getframe()) for _ in [0])]
+        for _ in range(3):   # (one frame, one line: a cached site)
+            sites.append(here(tf.tanh(x), sys._getframe()))
+        sites.append(here(list(map(tf.tanh, [x]))[0], sys._getframe()))
+    assert len({code for _, (code, _) in sites}) == 6   # (five and the test's)
+    assert len({line for _, (_, line) in sites}) >= 3
+    for site, expected in sites:
+        assert site == expected
+
+
 def test_cached_specs_skip_inference_and_attribute_types_are_in_the_key():
     x = tensorflow.constant([1, 2])
     tf.one_hot(x, 3, on_value=1)
