@@ -105,8 +105,8 @@ class batching:  # noqa: N801 (tf.batching(), as the user writes it)
                         # What only this list still holds (the nodes
                         # inside patterns) is freed while the next
                         # close waits: freed here, after the wait, it
-                        # cost 0.2 ms of a 25-tree minibatch and 7 of
-                        # a 256-tree one (BENCHMARKS.md).
+                        # took 0.3 ms of a 25-tree minibatch
+                        # (BENCHMARKS.md).
                         overlap.drop_later(recorded)
             failed = kind is not None
         finally:
