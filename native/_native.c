@@ -24,9 +24,15 @@
 #include "native.h"
 
 /* CPython 3.11's interpreter frames, for the call site (current_site):
- * internal headers, so only for the version whose layout they give. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+ * internal headers, so only for the version whose layout they give, and
+ * only where they are installed (else sys._getframe, as elsewhere). */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 \
+    && defined(__has_include)
+#if __has_include("internal/pycore_frame.h")
 #define SITES_FROM_INTERPRETER_FRAMES 1
+#endif
+#endif
+#ifdef SITES_FROM_INTERPRETER_FRAMES
 #define Py_BUILD_CORE
 #include "internal/pycore_frame.h"
 #undef Py_BUILD_CORE
