@@ -480,9 +480,6 @@ static struct {
     PyObject *site;         /* (code, line) */
 } site_cache[SITE_SLOTS];
 
-static PyObject *getframe;  /* sys._getframe */
-static PyObject *one;
-
 /* The site of instruction ``offset`` (in bytes, or -1: none yet) of
  * ``code`` (borrowed), cached. */
 static PyObject *
@@ -537,6 +534,18 @@ current_site(void)
 #else
     /* sys._getframe(1) makes no frame object for the wrapper
      * (PyEval_GetFrame would). */
+    static PyObject *getframe, *one;   /* sys._getframe and 1, found once */
+    if (getframe == NULL) {
+        one = PyLong_FromLong(1);
+        getframe = Py_XNewRef(PySys_GetObject("_getframe"));
+        if (one == NULL || getframe == NULL) {
+            Py_CLEAR(one);
+            Py_CLEAR(getframe);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "sys._getframe is missing");
+            return NULL;
+        }
+    }
     PyObject *frame = PyObject_Vectorcall(getframe, &one, 1, NULL);
     if (frame == NULL) {
         /* Called with no Python caller above: no site to name. */
@@ -1514,9 +1523,7 @@ PyInit__native(void)
             return NULL;
         }
     }
-    one = PyLong_FromLong(1);
     no_attrs = PyTuple_New(0);
-    getframe = Py_XNewRef(PySys_GetObject("_getframe"));
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     node_operand_type = (PyTypeObject *)PyType_FromSpec(&node_operand_spec);
     if (add_analysis_functions(module) < 0 || add_match_functions(module) < 0
@@ -1530,15 +1537,14 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || one == NULL || no_attrs == NULL
+            || no_attrs == NULL
             || node_type == NULL || node_operand_type == NULL
-            || getframe == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
                                      (PyObject *)node_type) < 0
             || PyModule_AddObjectRef(module, "NodeOperand",
                                      (PyObject *)node_operand_type) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ImportError, "sys._getframe is missing");
+            PyErr_SetString(PyExc_ImportError, "subgraphjit._native: setup failed");
         Py_DECREF(module);
         return NULL;
     }
