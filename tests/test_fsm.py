@@ -272,6 +272,7 @@ def test_fsm_table_parameter_trains_once_then_loads(tmp_path):
     rng = np.random.default_rng(5)
     model = MODELS["tree_gru"](rng)
     path = tmp_path / "fsm.json"
+    scheduler = tf.get_parameter("scheduler")
     tf.set_parameter("scheduler", "fsm")
     tf.set_parameter("fsm_table", str(path))
     try:
@@ -284,7 +285,7 @@ def test_fsm_table_parameter_trains_once_then_loads(tmp_path):
         tf.reset_stats()
         tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
         assert tf.stats()["fsm_training_seconds"] == 0
-    finally:
+    finally:   # (the scheduler it found: a later test on this worker gets it)
         tf.set_parameter("fsm_table", "")
-        tf.set_parameter("scheduler", "agenda")
+        tf.set_parameter("scheduler", scheduler)
 

@@ -89,9 +89,12 @@ def test_a_program_reading_keras_variables_equals_eager(compiled):
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 def test_compiled_inference_equals_eager(model_name, compiled):
-    """No tape: the same programs, values only."""
+    """No tape: the same programs, values only.  (Statistics reset first:
+    the programs an earlier test ran once counted here, and the Keras
+    model, whose programs never compile, passed only after another.)"""
     rng = np.random.default_rng(len(model_name))
     model = MODELS[model_name](rng)
+    tf.reset_stats()
     for _ in range(2):   # collect, then compiled
         examples = model.random_examples(rng, 3)
         expected = [model.loss(tensorflow, e).numpy() for e in examples]
@@ -99,7 +102,11 @@ def test_compiled_inference_equals_eager(model_name, compiled):
             losses = [model.loss(tf, e) for e in examples]
         np.testing.assert_allclose([float(loss) for loss in losses], expected,
                                    rtol=1e-5)
-    assert tf.stats()["program_runs"] >= 1
+    if model_name == "keras_tree_gru":   # a layer reads its variables inside: step by step
+        assert any("Keras layer" in reason
+                   for reason in tf.stats()["programs_not_compiled"]), tf.stats()
+    else:
+        assert tf.stats()["program_runs"] >= 1, tf.stats()
 
 
 def test_compiled_inference_reads_its_variables_when_it_runs(compiled):

@@ -36,6 +36,7 @@ def test_training_matches_eager_tensorflow(trees, scheduler):
     vocabulary = sst.Vocabulary(trees)
     minibatches = [trees[0:4], trees[4:8], trees[8:12]]
     runs = {}
+    found = subgraphjit.get_parameter("scheduler")
     subgraphjit.set_parameter("scheduler", scheduler)
     try:
         for module in (tensorflow, subgraphjit):
@@ -45,8 +46,8 @@ def test_training_matches_eager_tensorflow(trees, scheduler):
             losses = [train_step(module, model, optimizer, minibatch, vocabulary)
                       for minibatch in minibatches]
             runs[module.__name__] = (losses, [v.numpy() for v in model.variables])
-    finally:
-        subgraphjit.set_parameter("scheduler", "agenda")
+    finally:   # (the scheduler it found: a later test on this worker gets it)
+        subgraphjit.set_parameter("scheduler", found)
     (eager_losses, eager_weights), (lazy_losses, lazy_weights) = runs.values()
     np.testing.assert_allclose(lazy_losses, eager_losses, rtol=1e-5)
     assert eager_losses[0] != eager_losses[-1]  # it did train
