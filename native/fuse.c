@@ -335,21 +335,71 @@ join(Node *consumer, Node *producer, PyObject *fused, const PtrArray *extras,
 }
 
 PyDoc_STRVAR(fuse_doc,
-"fuse(pattern_nodes, fused, make_fused, entry_kind, access_entry)\n--\n\n"
+"fuse(pattern_nodes, fused, make_fused, entry_kind, access_entry,\n"
+"     required_ids, reached)\n--\n\n"
 "Join each of ``pattern_nodes`` (in recording order) to the multi-output\n"
 "pattern node whose outputs it reads, where that delays nothing (see\n"
 "search.py).  ``fused`` maps (producer pattern, consumer pattern, wiring)\n"
 "to a joined pattern, ``make_fused(key, extra_count)`` makes one for a new\n"
 "key (and stores it); ``entry_kind(entry)`` gives bits: 1 multi-output, 2 a\n"
-"pattern that can be joined to.  Returns a dict: the joins per joined\n"
-"pattern.");
+"pattern that can be joined to.  A joined consumer, now an access node,\n"
+"that nodes read and whose id is not in the set ``required_ids`` is passed\n"
+"through as the search passes such nodes (``replace``): marked swallowed\n"
+"and left out of ``reached`` (the search's list of nodes to evaluate).\n"
+"Returns (a dict of the joins per joined pattern, the nodes of\n"
+"``reached`` left to evaluate).");
+
+/* After a join, the consumer is an access node to the pair's last output.
+ * The evaluation's nodes that read it read that output from the pair's node
+ * itself (describe_graph), and no row is written for it (write_back marks
+ * an access node of an output not kept swallowed), so unless someone asked
+ * for it or nothing reads it (a root), it leaves the evaluation now, as
+ * ``enqueue`` leaves such access nodes out: the Tree-LSTM's joined cells
+ * made two in five of the nodes each later pass visited.  1 if it left,
+ * 0 if not, -1 with an exception set. */
+static int
+pass_through(Node *consumer, const IdSet *required, IdBits *passed)
+{
+    if (consumer->consumers == 0 || idset_contains(required, consumer->id))
+        return 0;
+    if (idbits_add(passed, consumer->id) < 0)
+        return -1;
+    consumer->swallowed = 1;
+    return 1;
+}
+
+/* ``reached`` without the ``passed_count`` nodes in ``passed``: a new list,
+ * untracked as the search's own (node_list), or ``reached`` itself if none
+ * passed.  (Read after the joins: no Python code runs here to change it.) */
+static PyObject *
+without_passed(PyObject *reached, const IdBits *passed, Py_ssize_t passed_count)
+{
+    Py_ssize_t count = PyList_GET_SIZE(reached), kept = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!is_node(PyList_GET_ITEM(reached, i)))
+            return PyErr_Format(PyExc_TypeError, "reached[%zd] is not a recorded node", i);
+    if (passed_count == 0)
+        return Py_NewRef(reached);
+    PyObject *left = node_list(count);
+    if (left == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(reached, i);
+        if (!idbits_contains(passed, ((Node *)item)->id))
+            PyList_SET_ITEM(left, kept++, Py_NewRef(item));
+    }
+    Py_SET_SIZE(left, kept);   /* (the slots past it are NULL) */
+    return left;
+}
 
 static PyObject *
 fuse(PyObject *module, PyObject *args)
 {
-    PyObject *given, *fused, *make_fused, *entry_kind, *access_entry;
-    if (!PyArg_ParseTuple(args, "OO!OOO:fuse", &given, &PyDict_Type, &fused,
-                          &make_fused, &entry_kind, &access_entry))
+    PyObject *given, *fused, *make_fused, *entry_kind, *access_entry, *required_ids,
+             *reached;
+    if (!PyArg_ParseTuple(args, "OO!OOOOO!:fuse", &given, &PyDict_Type, &fused,
+                          &make_fused, &entry_kind, &access_entry, &required_ids,
+                          &PyList_Type, &reached))
         return NULL;
     /* Our own tuple: callbacks run Python code, which could change a list. */
     PyObject *nodes = PySequence_Tuple(given);
@@ -363,12 +413,20 @@ fuse(PyObject *module, PyObject *args)
             return NULL;
         }
     }
+    IdSet required;
+    if (idset_read(&required, required_ids, "required_ids") < 0) {
+        Py_DECREF(nodes);
+        return NULL;
+    }
     PyObject *cache = PyDict_New(), *memo = PyDict_New(), *result = NULL;
     /* The joins per joined pattern; the memo holds each pattern. */
     Tally joined = {0};
     Shape shapes[SHAPES] = {{0}};
     PtrArray extras = {0};
     Py_ssize_t *codes = NULL, code_capacity = 0;
+    /* The joined consumers that left the evaluation (pass_through). */
+    IdBits passed = {0};
+    Py_ssize_t passed_count = 0;
     if (cache == NULL || memo == NULL)
         goto done;
     Py_ssize_t count = PyTuple_GET_SIZE(nodes);
@@ -411,12 +469,23 @@ fuse(PyObject *module, PyObject *args)
             Py_DECREF(extras.items[k]);
         if (failed)
             goto done;
+        int left = pass_through(node, &required, &passed);
+        if (left < 0)
+            goto done;
+        passed_count += left;
     }
-    result = tally_dict(&joined);   /* (before the memo lets the pairs go) */
+    PyObject *joins = tally_dict(&joined);   /* (before the memo lets the pairs go) */
+    PyObject *remaining = joins == NULL ? NULL
+                          : without_passed(reached, &passed, passed_count);
+    result = remaining == NULL ? NULL : Py_BuildValue("(NN)", joins, remaining);
+    if (remaining == NULL)
+        Py_XDECREF(joins);
 done:
     Py_XDECREF(cache);
     Py_XDECREF(memo);
     Py_DECREF(nodes);
+    idset_free(&required);
+    idbits_free(&passed);
     PyMem_Free(joined.items);
     shapes_clear(shapes);
     PyMem_Free(extras.items);

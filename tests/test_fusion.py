@@ -105,6 +105,11 @@ def test_every_value_of_a_joined_pair_is_there_when_asked(parameters, scheduler)
                     steps.append((o, c))
                 chains.append(steps)
     assert tf.stats()["pattern_fusions"] > 0
+    # A joined consumer (a cell's memory) that a later cell reads left the
+    # evaluation, to take its output when read (below); the last is a root.
+    for steps in chains:
+        assert all(c.swallowed for _, c in steps[:-1])
+        assert steps[-1][1].evaluated and not steps[-1][1].swallowed
     for start, steps in zip(starts, chains):
         o, c = start, start
         for node_o, node_c in steps:

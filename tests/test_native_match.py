@@ -213,8 +213,11 @@ def described(nodes):
             for node in nodes]
 
 
-def reference_fuse(search, pattern_nodes):
-    """PatternSearch._fuse_in_place as Python before issue 17 moved its loop to C."""
+def reference_fuse(search, pattern_nodes, required, reached, swallowed):
+    """PatternSearch._fuse_in_place as Python before issue 17 moved its loop
+    to C; since, the joined consumers that nodes read and no one asked for
+    leave ``reached`` (their ids added to ``swallowed``): returns the rest."""
+    passed = set()
     for node in pattern_nodes:
         if node.entry.multi_output:
             continue
@@ -233,6 +236,10 @@ def reference_fuse(search, pattern_nodes):
         producer.inputs = tuple(producer.inputs) + tuple(extras)
         producer.spec = tuple(producer.spec) + (node.spec,)
         node.entry, node.attrs, node.inputs = ACCESS, (output,), (producer,)
+        if node.consumers and node.id not in required:
+            passed.add(node.id)
+    swallowed |= passed
+    return [node for node in reached if node.id not in passed]
 
 
 def reference_latest_producer(node):
@@ -394,7 +401,7 @@ def test_replacement_equals_the_python_search(model_name, depth, parameters):
     swallowed_a = set()
     reached_a, replaced_a = reference_replace(
         roots_a, SEARCH.templates, Signer(level, True, required), depth, swallowed_a)
-    reference_fuse(SEARCH, replaced_a)
+    reached_a = reference_fuse(SEARCH, replaced_a, required, reached_a, swallowed_a)
 
     assert replaced_a
     assert SEARCH.fused == joined
@@ -529,9 +536,13 @@ def test_fuse_joins_and_bad_input_raises():
     before = snapshot()
     for given in ([consumer, 3], [None], 7):
         with pytest.raises(TypeError):
-            _native.fuse(given, {}, None, entry_kind, ACCESS)
+            _native.fuse(given, {}, None, entry_kind, ACCESS, set(), [])
     with pytest.raises(TypeError):
-        _native.fuse([consumer], [], None, entry_kind, ACCESS)
+        _native.fuse([consumer], [], None, entry_kind, ACCESS, set(), [])
+    for required, reached in (([], []), ({"x"}, []), (set(), (consumer,)),
+                              (set(), [consumer, 3])):
+        with pytest.raises(TypeError):
+            _native.fuse([consumer], {}, None, entry_kind, ACCESS, required, reached)
 
     def refuse(_):
         raise KeyError("no kind")
@@ -540,9 +551,9 @@ def test_fuse_joins_and_bad_input_raises():
         raise RuntimeError("no pair")
 
     with pytest.raises(KeyError):
-        _native.fuse([consumer], {}, None, refuse, ACCESS)
+        _native.fuse([consumer], {}, None, refuse, ACCESS, set(), [consumer])
     with pytest.raises(RuntimeError):
-        _native.fuse([consumer], {}, no_pair, entry_kind, ACCESS)
+        _native.fuse([consumer], {}, no_pair, entry_kind, ACCESS, set(), [consumer])
     assert snapshot() == before
 
     class Pair:
@@ -565,7 +576,15 @@ def test_fuse_joins_and_bad_input_raises():
         pairs.append((other_producer, node(number + 3, consumer_entry,
                                            (other_output, other_argument),
                                            spec=consumer_spec)))
-    joined = _native.fuse([pair[1] for pair in pairs], {}, make_pair, entry_kind, ACCESS)
+    # The first consumer is read by a node, the second too but asked for,
+    # the third by nothing: only the first leaves the evaluation.
+    pairs[0][1].consumers = pairs[1][1].consumers = 1
+    reached = [node for pair in pairs for node in pair]
+    joined, left = _native.fuse([pair[1] for pair in pairs], {}, make_pair, entry_kind,
+                                ACCESS, {pairs[1][1].id}, reached)
+    assert left == [node for node in reached if node is not pairs[0][1]]
+    assert [node.swallowed for pair in pairs for node in pair] == [
+        False, True, False, False, False, False]
     assert made == [(("p", "c", (("output", 0), ("argument", 0))), 0)]
     [(pair, count)] = joined.items()
     assert type(pair) is Pair and count == 3
@@ -585,7 +604,7 @@ def test_fuse_joins_and_bad_input_raises():
                          spec=second)
     del lone_consumer.spec
     with pytest.raises(TypeError, match="no spec"):
-        _native.fuse([lone_consumer], {}, make_pair, entry_kind, ACCESS)
+        _native.fuse([lone_consumer], {}, make_pair, entry_kind, ACCESS, set(), [])
     assert lone_producer.entry is producer_entry and lone_consumer.entry is consumer_entry
 
 

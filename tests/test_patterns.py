@@ -434,8 +434,11 @@ def test_a_pattern_without_a_batch_rule_runs_per_instance(parameters):
 def auto_trial(parameters, monkeypatch):
     """``auto`` granularity, patterns after one minibatch, programs compiled
     at their second sighting, and the trial's clock the test's: a one-item
-    list whose value the test advances."""
-    parameters(granularity="auto", collect=1, compile=2)
+    list whose value the test advances.  Every scope recorded: the tests
+    count the trial's units, and a line's eager turn (eager_scopes.py,
+    which minibatches of three trees can take: a few nodes a launch) would
+    count as one."""
+    parameters(granularity="auto", collect=1, compile=2, eager_scopes=False)
     now = [0.0]
     monkeypatch.setattr(search.Trial, "clock", staticmethod(lambda: now[0]))
     # (A full collection in a timed turn has it timed again: the collector

@@ -225,8 +225,8 @@ class PatternSearch:
         for entry, count in matches.items():
             entry.pattern.matches += count
         context.pattern_matches += len(replaced)
-        if context.parameters["fuse"]:
-            self._fuse_in_place(replaced)  # (in id order: recording order)
+        if context.parameters["fuse"]:   # (replaced: in recording order)
+            reached = self._fuse_in_place(replaced, signer.required, reached)
         return reached
 
     def _candidates(self, depth):
@@ -246,7 +246,7 @@ class PatternSearch:
                              candidates, key=lambda candidate: -candidate[1].op_count))
             for entry, candidates in by_entry.items()}
 
-    def _fuse_in_place(self, pattern_nodes):
+    def _fuse_in_place(self, pattern_nodes, required, reached):
         """Join each pattern node to the multi-output pattern node whose
         outputs it reads, into one node running both (``FusedPattern``),
         rewriting both nodes in place: the producer's node runs the pair
@@ -257,15 +257,21 @@ class PatternSearch:
         evaluated.  In recording order, so a node is joined at most once,
         and a joined pair is never the producer of another (a tree's cells
         stay one launch per level).  The loop is C (``native/fuse.c``);
-        a new pair's FusedPattern is made here."""
+        a new pair's FusedPattern is made here.  Returns ``reached`` (the
+        nodes to evaluate) without the joined consumers that other nodes
+        read and whose id is not ``required``: the search leaves such access
+        nodes out (their readers read the output from its node, and they
+        take it when asked for)."""
         def make_fused(key, extra_count):
             fused = self.fused[key] = FusedPattern(*key, extra_count)
             return fused
 
-        joined = _native.fuse(pattern_nodes, self.fused, make_fused, _entry_kind, ACCESS)
+        joined, reached = _native.fuse(pattern_nodes, self.fused, make_fused, _entry_kind,
+                                       ACCESS, required, reached)
         for fused, count in joined.items():
             fused.matches += count
         context.pattern_fusions += sum(joined.values())
+        return reached
 
 
 OneOffWork = collections.namedtuple("OneOffWork",
