@@ -539,10 +539,11 @@ def test_fuse_joins_and_bad_input_raises():
             _native.fuse(given, {}, None, entry_kind, ACCESS, set(), [])
     with pytest.raises(TypeError):
         _native.fuse([consumer], [], None, entry_kind, ACCESS, set(), [])
-    for required, reached in (([], []), ({"x"}, []), (set(), (consumer,)),
-                              (set(), [consumer, 3])):
+    for required, reached in (([], []), ({"x"}, []), (set(), (consumer,))):
         with pytest.raises(TypeError):
             _native.fuse([consumer], {}, None, entry_kind, ACCESS, required, reached)
+    with pytest.raises(TypeError, match=r"reached\[1\]"):   # (nothing joins)
+        _native.fuse([consumer], {}, None, lambda entry: 0, ACCESS, set(), [consumer, 3])
 
     def refuse(_):
         raise KeyError("no kind")
