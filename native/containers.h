@@ -467,4 +467,21 @@ keyed_list(KeyedArray *array)
     return list;
 }
 
+/* -- an access node left out of an evaluation ----------------------------------- */
+
+/* Whether ``node`` is an access node (one output of the multi-output node
+ * it reads) that nodes read and whose id no one asked for (``required``):
+ * then it stays out of the evaluation, its readers read the output from
+ * that node (describe_graph), and it takes the output when asked for
+ * (``VirtualNode._output_taken``).  The one rule of the search's
+ * ``enqueue`` (match.c) and of fuse's joined consumers (fuse.c); here for
+ * the IdSet both read it with.  The caller marks it swallowed. */
+static inline int
+stays_out(Node *node, PyObject *access_entry, const IdSet *required)
+{
+    return access_entry != NULL && node->entry == access_entry
+           && node->consumers > 0 && node->input_count > 0
+           && is_node(node_input(node, 0)) && !idset_contains(required, node->id);
+}
+
 #endif

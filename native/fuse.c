@@ -349,18 +349,17 @@ PyDoc_STRVAR(fuse_doc,
 "Returns (a dict of the joins per joined pattern, the nodes of\n"
 "``reached`` left to evaluate).");
 
-/* After a join, the consumer is an access node to the pair's last output.
- * The evaluation's nodes that read it read that output from the pair's node
- * itself (describe_graph), and no row is written for it (write_back marks
- * an access node of an output not kept swallowed), so unless someone asked
- * for it or nothing reads it (a root), it leaves the evaluation now, as
- * ``enqueue`` leaves such access nodes out: the Tree-LSTM's joined cells
- * made two in five of the nodes each later pass visited.  1 if it left,
- * 0 if not, -1 with an exception set. */
+/* After a join, the consumer is an access node to the pair's last output:
+ * unless someone asked for it or nothing reads it (a root), it leaves the
+ * evaluation now, as ``enqueue`` leaves the search's access nodes out
+ * (``stays_out``): the Tree-LSTM's joined cells made two in five of the
+ * nodes each later pass visited.  1 if it left, 0 if not, -1 with an
+ * exception set. */
 static int
-pass_through(Node *consumer, const IdSet *required, IdBits *passed)
+pass_through(Node *consumer, PyObject *access_entry, const IdSet *required,
+             IdBits *passed)
 {
-    if (consumer->consumers == 0 || idset_contains(required, consumer->id))
+    if (!stays_out(consumer, access_entry, required))
         return 0;
     if (idbits_add(passed, consumer->id) < 0)
         return -1;
@@ -469,7 +468,7 @@ fuse(PyObject *module, PyObject *args)
             Py_DECREF(extras.items[k]);
         if (failed)
             goto done;
-        int left = pass_through(node, &required, &passed);
+        int left = pass_through(node, access_entry, &required, &passed);
         if (left < 0)
             goto done;
         passed_count += left;

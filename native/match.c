@@ -838,9 +838,7 @@ enqueue(PyObject *const *operands, Py_ssize_t count, const IdSet *required,
         if (!is_node(operand) || (required != NULL && !unevaluated((Node *)operand)))
             continue;
         Node *read = (Node *)operand;
-        if (required != NULL && read->entry == access_entry && access_entry != NULL
-                && read->consumers > 0 && read->input_count > 0
-                && is_node(node_input(read, 0)) && !idset_contains(required, read->id)
+        if (required != NULL && stays_out(read, access_entry, required)
                 && !idbits_contains(ids, read->id)) {   /* (not a root) */
             read->swallowed = 1;
             operand = node_input(read, 0);
