@@ -1018,6 +1018,73 @@ def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
     assert marked["While"] >= len(functions) and marked["Case"] >= len(functions), marked
 
 
+def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled):
+    """Each switch's branches and each loop's condition (forward, inference,
+    backward) run on TensorFlow's single-threaded executor where their ops
+    allow it; a loop's body, which calls the switch, never does.  Results
+    stay eager's."""
+    rng, table, weight, outputs = _looked_up_products(47)
+    for _ in range(2):
+        _infer_as_eager(outputs, _random_ids(rng, 4))
+        _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
+    traced = [getattr(compiled_program, mode) for compiled_program in _compiled_programs()
+              for mode in ("inference", "forward", "backward") if hasattr(compiled_program, mode)]
+    assert len(traced) >= 3, traced
+    executors = collections.Counter()
+    for traced_function in traced:
+        graph = traced_function.graph.as_graph_def()
+        nodes = list(graph.node) + [node for library_function in graph.library.function
+                                    for node in library_function.node_def]
+        for node in nodes:
+            for key in ("branches", "cond", "body"):
+                if key not in node.attr:
+                    continue
+                value = node.attr[key]
+                for function in (value.list.func if value.HasField("list") else [value.func]):
+                    executor = function.attr["_executor"].s if "_executor" in function.attr \
+                        else b"default"
+                    executors[key, executor] += 1
+    assert executors["body", b"SINGLE_THREADED_EXECUTOR"] == 0, executors
+    assert executors["cond", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+    assert executors["branches", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+
+
+def test_a_function_that_could_wait_keeps_the_default_executor():
+    """The single-threaded executor waits in place for an asynchronous
+    kernel, which with one inter-op thread never runs: a branch that calls
+    a function (a nested ``tf.function``, a ``tf.cond``) or holds a
+    stateful op not known to be synchronous keeps the default executor;
+    the others move.  Every branch still computes its value."""
+    @tensorflow.function(autograph=False)
+    def inner(x):
+        return x + 1.0
+
+    branches = [lambda x: x * 2.0,
+                lambda x: inner(x),
+                lambda x: tensorflow.cond(x[0] > 0, lambda: x - 1.0, lambda: x + 1.0),
+                lambda x: tensorflow.random.shuffle(x) * 0.0 + x * 3.0]
+    marks = {}
+
+    @tensorflow.function(autograph=False)
+    def switch(index, x):
+        graph = tensorflow.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        result = program._unlowered(("Case", "StatelessCase"), tensorflow.switch_case, index,
+                                    [lambda f=f: f(x) for f in branches])
+        for op in graph.get_operations()[before:]:
+            if op.type in ("Case", "StatelessCase"):
+                marks["executors"] = [
+                    function.attr["_executor"].s if "_executor" in function.attr else None
+                    for function in op.node_def.attr["branches"].list.func]
+        return result
+
+    x = tensorflow.constant([2.0, 5.0])
+    expected = [[4.0, 10.0], [3.0, 6.0], [1.0, 4.0], [6.0, 15.0]]
+    for index, values in enumerate(expected):
+        np.testing.assert_allclose(switch(tensorflow.constant(index), x).numpy(), values)
+    assert marks["executors"] == [b"SINGLE_THREADED_EXECUTOR", None, None, None], marks
+
+
 def test_a_gather_along_a_later_axis_reads_its_variable_whole(compiled):
     """A gather from a shared variable along its second axis is no lookup
     of rows: the rule refuses it, the step repeats the variable per

@@ -1026,9 +1026,11 @@ def _loop(condition, body, loop_vars):
 
 def _unlowered(types, make, *args, **kwargs):
     """``make(*args, **kwargs)``, its new ops of ``types`` (control flow)
-    marked to run as function calls, not lowered to switches and merges.
-    (No public API says so; where this private one fails, the default
-    stays.)"""
+    marked to run as function calls, not lowered to switches and merges,
+    and their step-sized functions (a ``Case``'s branches, a loop's
+    condition) on the single-threaded executor where they can be
+    (``_single_threaded``).  (No public API says either; where these
+    private ones fail, the defaults stay.)"""
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
     outputs = make(*args, **kwargs)
@@ -1038,7 +1040,64 @@ def _unlowered(types, make, *args, **kwargs):
                 op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
             except (AttributeError, TypeError, ValueError):
                 pass
+            _single_threaded(op)
     return outputs
+
+
+# Stateful ops whose kernels run synchronously (the others a program's
+# steps hold are stateless): variables read, written and gathered from,
+# and the random, assert and print ops.
+_SYNCHRONOUS_STATEFUL = frozenset({
+    "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
+    "AssignSubVariableOp", "ResourceGather", "ResourceGatherNd",
+    "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub",
+    "ResourceScatterMul", "ResourceScatterDiv", "ResourceScatterMin",
+    "ResourceScatterMax", "ResourceScatterNdUpdate", "ResourceScatterNdAdd",
+    "DisableCopyOnRead", "VarIsInitializedOp", "RandomUniform",
+    "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "Assert",
+    "PrintV2"})
+
+
+def _single_threaded(op):
+    """Run the functions a step calls (a ``Case``'s branches, a loop's
+    condition) on TensorFlow's single-threaded executor: their kernels
+    one after another on the calling thread, without the default
+    executor's ready queues and pass through the thread pool, about 8 us
+    of a narrow step's 45 (the Tree-LSTM's programs, BENCHMARKS.md).
+    That executor waits in place for an asynchronous kernel (a function
+    call, a loop, a queue), which with one inter-op thread would never
+    run; so a function runs there only if each of its ops calls no
+    function and is stateless or a known synchronous stateful op.  A
+    loop's body, which holds the ``Case``, keeps the default executor."""
+    if op.type in ("Case", "StatelessCase"):
+        key = "branches"
+        graphs = [getattr(op, f"_branch_graph_{k}", None)
+                  for k in range(len(op.get_attr(key)))]
+    elif op.type in ("While", "StatelessWhile"):
+        key, graphs = "cond", [getattr(op, "_cond_graph", None)]
+    else:
+        return
+    try:
+        value = attr_value_pb2.AttrValue()
+        value.CopyFrom(op.node_def.attr[key])
+        functions = list(value.list.func) if value.HasField("list") else [value.func]
+        marked = False
+        for function, graph in zip(functions, graphs):
+            if graph is not None and all(_synchronous(inner) for inner in graph.get_operations()):
+                function.attr["_executor"].s = b"SINGLE_THREADED_EXECUTOR"
+                marked = True
+        if marked:
+            op._set_attr(key, value)
+    except (AttributeError, TypeError, ValueError):
+        pass
+
+
+def _synchronous(op):
+    """Whether ``op``'s kernel surely runs synchronously (``_single_threaded``)."""
+    if any(value.HasField("func") or len(value.list.func)
+           for value in op.node_def.attr.values()):
+        return False
+    return not op.op_def.is_stateful or op.type in _SYNCHRONOUS_STATEFUL
 
 
 def _block_shape(row_shape):
