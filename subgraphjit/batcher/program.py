@@ -1069,15 +1069,15 @@ def _single_threaded(op):
     run; so a function runs there only if each of its ops calls no
     function and is stateless or a known synchronous stateful op.  A
     loop's body, which holds the ``Case``, keeps the default executor."""
-    if op.type in ("Case", "StatelessCase"):
-        key = "branches"
-        graphs = [getattr(op, f"_branch_graph_{k}", None)
-                  for k in range(len(op.get_attr(key)))]
-    elif op.type in ("While", "StatelessWhile"):
-        key, graphs = "cond", [getattr(op, "_cond_graph", None)]
-    else:
-        return
     try:
+        if op.type in ("Case", "StatelessCase"):
+            key = "branches"
+            graphs = [getattr(op, f"_branch_graph_{k}", None)
+                      for k in range(len(op.get_attr(key)))]
+        elif op.type in ("While", "StatelessWhile"):
+            key, graphs = "cond", [getattr(op, "_cond_graph", None)]
+        else:
+            return
         value = attr_value_pb2.AttrValue()
         value.CopyFrom(op.node_def.attr[key])
         functions = list(value.list.func) if value.HasField("list") else [value.func]
