@@ -245,9 +245,15 @@ def _datatype(numpy_dtype):
 
 
 @functools.cache
+def cpu_only():
+    """Whether this process's TensorFlow has no GPU."""
+    return not tf.config.list_logical_devices("GPU")
+
+
+@functools.cache
 def _host_device():
     """The CPU's device name, where it is the only device; else None."""
-    if _EagerTensor is None or tf.config.list_logical_devices("GPU"):
+    if _EagerTensor is None or not cpu_only():
         return None
     return tf.config.list_logical_devices("CPU")[0].name
 

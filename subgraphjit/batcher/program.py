@@ -1068,7 +1068,11 @@ def _single_threaded(op):
     call, a loop, a queue), which with one inter-op thread would never
     run; so a function runs there only if each of its ops calls no
     function and is stateless or a known synchronous stateful op.  A
-    loop's body, which holds the ``Case``, keeps the default executor."""
+    loop's body, which holds the ``Case``, keeps the default executor,
+    and so does every function where a GPU could run it (the executor
+    is measured and tested here on the CPU only)."""
+    if not overlap.cpu_only():
+        return
     try:
         if op.type in ("Case", "StatelessCase"):
             key = "branches"
