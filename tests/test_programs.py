@@ -1045,6 +1045,9 @@ def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled)
                         else b"default"
                     executors[key, executor] += 1
     assert executors["body", b"SINGLE_THREADED_EXECUTOR"] == 0, executors
+    if not program.overlap.cpu_only():   # (where a GPU could run them, none moves)
+        assert not any(executor != b"default" for _, executor in executors), executors
+        return
     assert executors["cond", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
     assert executors["branches", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
 
@@ -1055,6 +1058,20 @@ def test_a_function_that_could_wait_keeps_the_default_executor():
     a function (a nested ``tf.function``, a ``tf.cond``) or holds a
     stateful op not known to be synchronous keeps the default executor;
     the others move.  Every branch still computes its value."""
+    switch, marks = _switch_of_four_branches()
+    x = tensorflow.constant([2.0, 5.0])
+    expected = [[4.0, 10.0], [3.0, 6.0], [1.0, 4.0], [6.0, 15.0]]
+    for index, values in enumerate(expected):
+        np.testing.assert_allclose(switch(tensorflow.constant(index), x).numpy(), values)
+    moved = b"SINGLE_THREADED_EXECUTOR" if program.overlap.cpu_only() else None
+    assert marks["executors"] == [moved, None, None, None], marks
+
+
+def _switch_of_four_branches():
+    """A traced ``tf.switch_case`` made by ``program._unlowered`` (a plain
+    branch, one calling a ``tf.function``, one holding a ``tf.cond``, one
+    a stateful op not on the synchronous list), and what executor each
+    branch was given (``marks``, filled when traced)."""
     @tensorflow.function(autograph=False)
     def inner(x):
         return x + 1.0
@@ -1078,11 +1095,17 @@ def test_a_function_that_could_wait_keeps_the_default_executor():
                     for function in op.node_def.attr["branches"].list.func]
         return result
 
-    x = tensorflow.constant([2.0, 5.0])
-    expected = [[4.0, 10.0], [3.0, 6.0], [1.0, 4.0], [6.0, 15.0]]
-    for index, values in enumerate(expected):
-        np.testing.assert_allclose(switch(tensorflow.constant(index), x).numpy(), values)
-    assert marks["executors"] == [b"SINGLE_THREADED_EXECUTOR", None, None, None], marks
+    return switch, marks
+
+
+def test_where_a_gpu_could_run_them_no_function_moves(monkeypatch):
+    """Where TensorFlow has a GPU, every branch keeps the default executor
+    (the single-threaded one is used and tested on the CPU only)."""
+    monkeypatch.setattr(program.overlap, "cpu_only", lambda: False)
+    switch, marks = _switch_of_four_branches()
+    np.testing.assert_allclose(switch(tensorflow.constant(0), tensorflow.constant([1.0])).numpy(),
+                               [2.0])
+    assert marks["executors"] == [None, None, None, None], marks
 
 
 def test_a_gather_along_a_later_axis_reads_its_variable_whole(compiled):
