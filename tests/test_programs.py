@@ -995,7 +995,45 @@ def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
     every switch among its kinds is marked not to be lowered to frames:
     lowered, each step paid a merge, a switch and a next-iteration per
     loop variable (BENCHMARKS.md).  Results stay eager's."""
-    rng, table, weight, outputs = _looked_up_products(43)
+    functions, nodes = _traced_program_nodes(43)
+    marked = collections.Counter()
+    for node in nodes:
+        if node.op in ("While", "StatelessWhile", "Case", "StatelessCase"):
+            assert "_lower_using_switch_merge" in node.attr, node.name
+            assert not node.attr["_lower_using_switch_merge"].b, node.name
+            marked[node.op.replace("Stateless", "")] += 1
+    assert marked["While"] >= len(functions) and marked["Case"] >= len(functions), marked
+
+
+def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled):
+    """Each switch's branches and each loop's condition (forward, inference,
+    backward) run on TensorFlow's single-threaded executor where their ops
+    allow it; a loop's body, which calls the switch, never does.  Results
+    stay eager's."""
+    _, nodes = _traced_program_nodes(47)
+    executors = collections.Counter()
+    for node in nodes:
+        for key in ("branches", "cond", "body"):
+            if key not in node.attr:
+                continue
+            value = node.attr[key]
+            for function in (value.list.func if value.HasField("list") else [value.func]):
+                executor = function.attr["_executor"].s if "_executor" in function.attr \
+                    else b"default"
+                executors[key, executor] += 1
+    assert executors["body", b"SINGLE_THREADED_EXECUTOR"] == 0, executors
+    if not program.overlap.cpu_only():   # (where a GPU could run them, none moves)
+        assert not any(executor != b"default" for _, executor in executors), executors
+        return
+    assert executors["cond", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+    assert executors["branches", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+
+
+def _traced_program_nodes(seed):
+    """Lookups and products run compiled in each mode (results checked
+    against eager's): the traced functions of every mode, and every node
+    of their graphs and the functions they call."""
+    rng, table, weight, outputs = _looked_up_products(seed)
     for _ in range(2):
         _infer_as_eager(outputs, _random_ids(rng, 4))
         _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
@@ -1005,51 +1043,12 @@ def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
               if hasattr(compiled_program, mode)]
     assert {mode for mode, _ in traced} == {"inference", "forward", "backward"}, traced
     functions = [function for _, function in traced]
-    marked = collections.Counter()
+    nodes = []
     for function in functions:
         graph = function.graph.as_graph_def()
-        nodes = list(graph.node) + [node for library_function in graph.library.function
-                                    for node in library_function.node_def]
-        for node in nodes:
-            if node.op in ("While", "StatelessWhile", "Case", "StatelessCase"):
-                assert "_lower_using_switch_merge" in node.attr, node.name
-                assert not node.attr["_lower_using_switch_merge"].b, node.name
-                marked[node.op.replace("Stateless", "")] += 1
-    assert marked["While"] >= len(functions) and marked["Case"] >= len(functions), marked
-
-
-def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled):
-    """Each switch's branches and each loop's condition (forward, inference,
-    backward) run on TensorFlow's single-threaded executor where their ops
-    allow it; a loop's body, which calls the switch, never does.  Results
-    stay eager's."""
-    rng, table, weight, outputs = _looked_up_products(47)
-    for _ in range(2):
-        _infer_as_eager(outputs, _random_ids(rng, 4))
-        _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
-    traced = [getattr(compiled_program, mode) for compiled_program in _compiled_programs()
-              for mode in ("inference", "forward", "backward") if hasattr(compiled_program, mode)]
-    assert len(traced) >= 3, traced
-    executors = collections.Counter()
-    for traced_function in traced:
-        graph = traced_function.graph.as_graph_def()
-        nodes = list(graph.node) + [node for library_function in graph.library.function
-                                    for node in library_function.node_def]
-        for node in nodes:
-            for key in ("branches", "cond", "body"):
-                if key not in node.attr:
-                    continue
-                value = node.attr[key]
-                for function in (value.list.func if value.HasField("list") else [value.func]):
-                    executor = function.attr["_executor"].s if "_executor" in function.attr \
-                        else b"default"
-                    executors[key, executor] += 1
-    assert executors["body", b"SINGLE_THREADED_EXECUTOR"] == 0, executors
-    if not program.overlap.cpu_only():   # (where a GPU could run them, none moves)
-        assert not any(executor != b"default" for _, executor in executors), executors
-        return
-    assert executors["cond", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
-    assert executors["branches", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+        nodes += list(graph.node) + [node for library_function in graph.library.function
+                                     for node in library_function.node_def]
+    return functions, nodes
 
 
 def test_a_function_that_could_wait_keeps_the_default_executor():
