@@ -1044,9 +1044,10 @@ def _unlowered(types, make, *args, **kwargs):
     return outputs
 
 
-# Stateful ops whose kernels run synchronously (the others a program's
-# steps hold are stateless): variables read, written and gathered from,
-# and the random, assert and print ops.
+# Stateful ops whose kernels surely run synchronously: variables read,
+# written, gathered from and scattered into, and the random, assert and
+# print ops.  Any other stateful op keeps its function on the default
+# executor (``_synchronous``).
 _SYNCHRONOUS_STATEFUL = frozenset({
     "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
     "AssignSubVariableOp", "ResourceGather", "ResourceGatherNd",
@@ -1064,10 +1065,11 @@ def _single_threaded(op):
     one after another on the calling thread, without the default
     executor's ready queues and pass through the thread pool, about 8 us
     of a narrow step's 45 (the Tree-LSTM's programs, BENCHMARKS.md).
-    That executor waits in place for an asynchronous kernel (a function
-    call, a loop, a queue), which with one inter-op thread would never
-    run; so a function runs there only if each of its ops calls no
-    function and is stateless or a known synchronous stateful op.  A
+    That executor blocks its thread until an asynchronous kernel (a
+    function call, a loop, a queue) completes; when the kernel's work
+    needs that thread (the only inter-op thread, here), it never does.
+    So a function moves only if none of its ops calls a function and
+    each is stateless or a known synchronous stateful op.  A
     loop's body, which holds the ``Case``, keeps the default executor,
     and so does every function where a GPU could run it (the executor
     is measured and tested here on the CPU only)."""
