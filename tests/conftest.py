@@ -1,9 +1,12 @@
 """Every test starts with no line judged to run its scopes eagerly
 (eager_scopes.py): a test's scopes are judged by its own calls, not by
-those of the tests that ran before it at the same lines."""
+those of the tests that ran before it at the same lines.  A test that
+sets parameters does it through ``parameters``, which restores them: a
+parameter left set leaks into every later test on the same worker."""
 
 import pytest
 
+import subgraphjit
 from subgraphjit import eager_scopes
 
 
@@ -11,3 +14,20 @@ from subgraphjit import eager_scopes
 def no_line_judged():
     eager_scopes.reset()
     yield
+
+
+@pytest.fixture
+def parameters():
+    """Set parameters for one test; restore them and forget patterns after."""
+    changed = {}
+
+    def set_parameters(**values):
+        for key, value in values.items():
+            changed.setdefault(key, subgraphjit.get_parameter(key))
+            subgraphjit.set_parameter(key, value)
+        subgraphjit.reset_patterns()
+
+    yield set_parameters
+    for key, value in changed.items():
+        subgraphjit.set_parameter(key, value)
+    subgraphjit.reset_patterns()

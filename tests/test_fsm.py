@@ -268,24 +268,18 @@ def test_states_encode_the_frontier():
         FsmConfig(encoding="fancy")
 
 
-def test_fsm_table_parameter_trains_once_then_loads(tmp_path):
+def test_fsm_table_parameter_trains_once_then_loads(tmp_path, parameters):
     rng = np.random.default_rng(5)
     model = MODELS["tree_gru"](rng)
     path = tmp_path / "fsm.json"
-    scheduler = tf.get_parameter("scheduler")
-    tf.set_parameter("scheduler", "fsm")
-    tf.set_parameter("fsm_table", str(path))
-    try:
-        tf.reset_stats()
-        tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
-        assert path.exists()
-        assert tf.stats()["fsm_training_seconds"] > 0
-        tf.set_parameter("fsm_table", "")
-        tf.set_parameter("fsm_table", str(path))   # a new run, same file
-        tf.reset_stats()
-        tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
-        assert tf.stats()["fsm_training_seconds"] == 0
-    finally:   # (the scheduler it found: a later test on this worker gets it)
-        tf.set_parameter("fsm_table", "")
-        tf.set_parameter("scheduler", scheduler)
+    parameters(scheduler="fsm", fsm_table=str(path))
+    tf.reset_stats()
+    tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
+    assert path.exists()
+    assert tf.stats()["fsm_training_seconds"] > 0
+    tf.set_parameter("fsm_table", "")
+    tf.set_parameter("fsm_table", str(path))   # a new run, same file
+    tf.reset_stats()
+    tf.build([model.loss(tf, e) for e in model.random_examples(rng, 4)])
+    assert tf.stats()["fsm_training_seconds"] == 0
 

@@ -19,23 +19,6 @@ from gradients import assert_loss_and_gradients_equal
 from test_batching import minibatch_loss_and_gradients
 
 
-@pytest.fixture
-def parameters():
-    """Set parameters for one test; restore them and forget patterns after."""
-    changed = {}
-
-    def set_parameters(**values):
-        for key, value in values.items():
-            changed.setdefault(key, tf.get_parameter(key))
-            tf.set_parameter(key, value)
-        tf.reset_patterns()
-
-    yield set_parameters
-    for key, value in changed.items():
-        tf.set_parameter(key, value)
-    tf.reset_patterns()
-
-
 def assert_matches_eager(model, examples):
     expected_loss, expected_gradients = minibatch_loss_and_gradients(
         tensorflow, model, examples)

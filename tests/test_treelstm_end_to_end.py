@@ -32,22 +32,17 @@ def test_binary_split_drops_neutral_sentences_and_maps_labels(trees):
 
 
 @pytest.mark.parametrize("scheduler", ["none", "depth", "agenda", "critical"])
-def test_training_matches_eager_tensorflow(trees, scheduler):
+def test_training_matches_eager_tensorflow(trees, scheduler, parameters):
     vocabulary = sst.Vocabulary(trees)
     minibatches = [trees[0:4], trees[4:8], trees[8:12]]
     runs = {}
-    found = subgraphjit.get_parameter("scheduler")
-    subgraphjit.set_parameter("scheduler", scheduler)
-    try:
-        for module in (tensorflow, subgraphjit):
-            model = TreeLSTM(module, len(vocabulary), 2, embedding=16, hidden=8,
-                             seed=1)
-            optimizer = tensorflow.keras.optimizers.Adagrad(learning_rate=0.1)
-            losses = [train_step(module, model, optimizer, minibatch, vocabulary)
-                      for minibatch in minibatches]
-            runs[module.__name__] = (losses, [v.numpy() for v in model.variables])
-    finally:   # (the scheduler it found: a later test on this worker gets it)
-        subgraphjit.set_parameter("scheduler", found)
+    parameters(scheduler=scheduler)
+    for module in (tensorflow, subgraphjit):
+        model = TreeLSTM(module, len(vocabulary), 2, embedding=16, hidden=8, seed=1)
+        optimizer = tensorflow.keras.optimizers.Adagrad(learning_rate=0.1)
+        losses = [train_step(module, model, optimizer, minibatch, vocabulary)
+                  for minibatch in minibatches]
+        runs[module.__name__] = (losses, [v.numpy() for v in model.variables])
     (eager_losses, eager_weights), (lazy_losses, lazy_weights) = runs.values()
     np.testing.assert_allclose(lazy_losses, eager_losses, rtol=1e-5)
     assert eager_losses[0] != eager_losses[-1]  # it did train
