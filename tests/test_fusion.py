@@ -8,7 +8,7 @@ import tensorflow
 
 import subgraphjit as tf
 from experiments.example_models import MODELS
-from test_patterns import assert_matches_eager, parameters  # noqa: F401 (fixture)
+from test_patterns import assert_matches_eager
 from gradients import assert_loss_and_gradients_equal
 
 

@@ -18,7 +18,6 @@ from subgraphjit.context import context
 from subgraphjit.ir.spec import NotLazy, spec, spec_of_foreign
 from subgraphjit.ir.table import ACCESS, ALL_ENTRIES, FrozenSlice
 from experiments.example_models import MODELS
-from test_patterns import parameters  # noqa: F401 (fixture)
 
 ENTRIES = {entry.name: entry for entry in ALL_ENTRIES}
 

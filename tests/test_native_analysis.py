@@ -23,7 +23,6 @@ from subgraphjit.ir.node import take_output
 from subgraphjit.ir.spec import is_variable, spec_of_foreign
 from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
-from test_patterns import parameters  # noqa: F401 (fixture)
 
 
 # -- references ---------------------------------------------------------------

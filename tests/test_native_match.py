@@ -20,7 +20,7 @@ from subgraphjit.ir.table import ACCESS, ENTRIES_BY_NAME
 from subgraphjit.patterns.search import SEARCH
 from subgraphjit.patterns.signature import Signer, Template, has_value_operand
 from experiments.example_models import MODELS
-from test_patterns import assert_matches_eager, parameters  # noqa: F401 (fixture)
+from test_patterns import assert_matches_eager
 
 
 # -- the reference: generated Python (signature.py before issue 17) -------------

@@ -16,7 +16,6 @@ from subgraphjit.evaluate import unevaluated_ancestors
 from subgraphjit.ir.node import VirtualNode
 from subgraphjit.ir.table import ACCESS
 from experiments.example_models import MODELS
-from test_patterns import parameters  # noqa: F401 (fixture)
 
 
 # -- the reference: batcher/plan.py and program.run before issue 17 moved them --
