@@ -773,11 +773,11 @@ def test_a_concats_gradient_in_a_backward_is_eagers(compiled):
 def test_a_backward_adds_every_gradient_of_a_row_read_twice_in_a_step(
         compiled, monkeypatch, granularity):
     """The backward adds a step's operand gradients into their rows by
-    reading, adding and writing back only where the plan says the step's
-    rows are distinct; a node every instance reads (here ``shared``) is one
-    row read several times by one step, whose gradients must all be
-    added.  Both kinds of step occur, and the values and gradients are
-    eager TensorFlow's."""
+    reading, adding and writing back only where the plan says every
+    step's rows are distinct; a node every instance reads (here
+    ``shared``) is one row read several times by one step, whose
+    gradients must all be added.  Both kinds of step occur, and the values
+    and gradients are eager TensorFlow's."""
     tf.set_parameter("granularity", granularity)
     rng = np.random.default_rng(31)
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
@@ -800,6 +800,10 @@ def test_a_backward_adds_every_gradient_of_a_row_read_twice_in_a_step(
         _assert_as_eager(loss, rows, [weight])
     assert tf.stats()["program_runs"] >= 1
     assert 0 in flags and 1 in flags, flags
+    # A call with a step whose rows repeat ran the backward traced for
+    # them (scatter_add throughout); the other, traced with its forward.
+    assert any(set(compiled_program.backwards) == {True, False}
+               for compiled_program in _compiled_programs())
 
 
 def _assert_as_eager(function, instances, variables):
@@ -978,7 +982,7 @@ def test_a_program_traces_the_modes_it_runs(compiled):
         _infer_as_eager(outputs, _random_ids(rng, 4))
     programs = _compiled_programs()
     assert programs and all(compiled_program.modes == {False: True}
-                            and not hasattr(compiled_program, "backward")
+                            and not getattr(compiled_program, "backwards", None)
                             for compiled_program in programs)
     tf.reset_stats()
     for _ in range(2):
@@ -988,6 +992,9 @@ def test_a_program_traces_the_modes_it_runs(compiled):
     assert stats["compile_seconds"] > 0
     assert any(compiled_program.modes == {False: True, True: True}
                for compiled_program in programs)
+    # Every step's rows distinct: one backward, traced with the forward.
+    assert all(set(getattr(compiled_program, "backwards", {True: None})) == {True}
+               for compiled_program in programs)
 
 
 def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
@@ -995,60 +1002,70 @@ def test_a_programs_loops_and_switches_run_as_function_calls(compiled):
     every switch among its kinds is marked not to be lowered to frames:
     lowered, each step paid a merge, a switch and a next-iteration per
     loop variable (BENCHMARKS.md).  Results stay eager's."""
-    functions, nodes = _traced_program_nodes(43)
+    traced = _traced_program_nodes(43)
     marked = collections.Counter()
-    for node in nodes:
+    for node in (node for _, nodes in traced for node in nodes):
         if node.op in ("While", "StatelessWhile", "Case", "StatelessCase"):
             assert "_lower_using_switch_merge" in node.attr, node.name
             assert not node.attr["_lower_using_switch_merge"].b, node.name
             marked[node.op.replace("Stateless", "")] += 1
-    assert marked["While"] >= len(functions) and marked["Case"] >= len(functions), marked
+    assert marked["While"] >= len(traced) and marked["Case"] >= len(traced), marked
 
 
 def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled):
     """Each switch's branches and each loop's condition (forward, inference,
     backward) run on TensorFlow's single-threaded executor where their ops
-    allow it; a loop's body, which calls the switch, never does.  Results
-    stay eager's."""
-    _, nodes = _traced_program_nodes(47)
+    allow it: here every one, the backward's too, which add gradient rows
+    with no ``tf.cond``.  A loop's body, which calls the switch, never
+    does.  Results stay eager's."""
     executors = collections.Counter()
-    for node in nodes:
-        for key in ("branches", "cond", "body"):
-            if key not in node.attr:
-                continue
-            value = node.attr[key]
-            for function in (value.list.func if value.HasField("list") else [value.func]):
-                executor = function.attr["_executor"].s if "_executor" in function.attr \
-                    else b"default"
-                executors[key, executor] += 1
-    assert executors["body", b"SINGLE_THREADED_EXECUTOR"] == 0, executors
+    for mode, nodes in _traced_program_nodes(47):
+        for node in nodes:
+            for key in ("branches", "cond", "body"):
+                if key not in node.attr:
+                    continue
+                value = node.attr[key]
+                for function in (value.list.func if value.HasField("list") else [value.func]):
+                    executor = function.attr["_executor"].s if "_executor" in function.attr \
+                        else b"default"
+                    executors[mode, key, executor] += 1
+    assert not any(executor == b"SINGLE_THREADED_EXECUTOR"
+                   for (_, key, executor) in executors if key == "body"), executors
     if not program.overlap.cpu_only():   # (where a GPU could run them, none moves)
-        assert not any(executor != b"default" for _, executor in executors), executors
+        assert not any(executor != b"default" for *_, executor in executors), executors
         return
-    assert executors["cond", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
-    assert executors["branches", b"SINGLE_THREADED_EXECUTOR"] >= 3, executors
+    for mode in ("inference", "forward", "backward"):
+        for key in ("branches", "cond"):
+            assert executors[mode, key, b"SINGLE_THREADED_EXECUTOR"] >= 1, executors
+            assert executors[mode, key, b"default"] == 0, executors
 
 
 def _traced_program_nodes(seed):
     """Lookups and products run compiled in each mode (results checked
-    against eager's): the traced functions of every mode, and every node
-    of their graphs and the functions they call."""
+    against eager's): per function each mode traced, (mode, every node of
+    its graph and of the functions it calls)."""
     rng, table, weight, outputs = _looked_up_products(seed)
     for _ in range(2):
         _infer_as_eager(outputs, _random_ids(rng, 4))
         _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
-    traced = [(mode, getattr(compiled_program, mode))
-              for compiled_program in _compiled_programs()
-              for mode in ("inference", "forward", "backward")
-              if hasattr(compiled_program, mode)]
+    traced = [(mode, function) for compiled_program in _compiled_programs()
+              for mode, function in _traced_functions(compiled_program)]
     assert {mode for mode, _ in traced} == {"inference", "forward", "backward"}, traced
-    functions = [function for _, function in traced]
     nodes = []
-    for function in functions:
+    for mode, function in traced:
         graph = function.graph.as_graph_def()
-        nodes += list(graph.node) + [node for library_function in graph.library.function
-                                     for node in library_function.node_def]
-    return functions, nodes
+        nodes.append((mode, list(graph.node) + [node for library_function in graph.library.function
+                                                for node in library_function.node_def]))
+    return nodes
+
+
+def _traced_functions(compiled_program):
+    """(mode, concrete function) of each function a compiled program traced."""
+    for mode in ("inference", "forward"):
+        if hasattr(compiled_program, mode):
+            yield mode, getattr(compiled_program, mode)
+    for function in getattr(compiled_program, "backwards", {}).values():
+        yield "backward", function
 
 
 def test_a_function_that_could_wait_keeps_the_default_executor():

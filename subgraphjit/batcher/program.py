@@ -460,11 +460,28 @@ class _Compiled:
         self.forward = tf.function(
             lambda *arguments: self._forward(arguments, keep=True), autograph=False,
             input_signature=steps + sizes + rows + forward_given).get_concrete_function()
-        self.backward = tf.function(
-            self._backward, autograph=False,
-            input_signature=steps + sizes + rows + given
-            + adjoints + lists
-        ).get_concrete_function()
+        self.backward_signature = steps + sizes + rows + given + adjoints + lists
+        self.backwards = {}
+        self.backward_for(True)   # (the other when a call first needs it)
+
+    def backward_for(self, distinct):
+        """The backward's concrete function for a call whose steps' operand
+        rows are all ``distinct`` (the plan's flag, per step; every step of
+        the Tree-LSTM's), or for one where some are not.  The way a step adds
+        its gradient rows is fixed in each trace (``_add_rows``), not chosen
+        by a ``tf.cond`` per step: a cond's functions kept every branch
+        holding one off the single-threaded executor (``_single_threaded``),
+        3.5% of a 25-tree training minibatch (BENCHMARKS.md).  Each traced
+        once, the second when first needed (its seconds counted then)."""
+        function = self.backwards.get(distinct)
+        if function is None:
+            started = time.perf_counter()
+            function = self.backwards[distinct] = tf.function(
+                lambda *arguments: self._backward(arguments, distinct), autograph=False,
+                input_signature=self.backward_signature).get_concrete_function()
+            if len(self.backwards) > 1:   # (the first is timed with its mode's trace)
+                context.batching["compile_seconds"] += time.perf_counter() - started
+        return function
 
     def _with_tables(self, given, forward=False):
         """The shared values inside a trace: those ``given`` as arguments,
@@ -724,11 +741,11 @@ class _Compiled:
         return list(results) if op_entry.multi_output else [results]
 
     # -- the backward ----------------------------------------------------------
-    def _backward(self, *arguments):
+    def _backward(self, arguments, distinct):
         """Gradients of the inputs' rows and of the shared values, given the
         forward's final buffers (whose rows the steps read: another forward
         may have run since), each trainable buffer's upstream gradient and
-        the forward's lists of products."""
+        the forward's lists of products; ``distinct``: as ``backward_for``."""
         table, rows, sizes = arguments[:3]
         count, given_count = len(self.buffers), len(self.given)
         buffers = arguments[3:3 + count]
@@ -775,7 +792,7 @@ class _Compiled:
             def branch(kind_number):
                 def run():
                     return self._step_gradient(kind_number, info, k, s,
-                                               trace, entries, weights)
+                                               trace, entries, weights, distinct)
                 return run
             flat = self._switch(info[0], branch)
             if not entries and not weights:
@@ -807,7 +824,7 @@ class _Compiled:
                 for b in self.trainable]
         return inputs, gradients
 
-    def _step_gradient(self, kind_number, info, k, s, trace, entries, weights):
+    def _step_gradient(self, kind_number, info, k, s, trace, entries, weights, distinct):
         """One step of the backward: its local gradient, given the upstream
         rows of its outputs, added into the operands' adjoint rows, the
         shared values' sums, the looked-up variables' entries, or the weight
@@ -858,7 +875,7 @@ class _Compiled:
             if gradient is not None:
                 buffer, _, flat = operand_rows[number]
                 _add_rows(self.adjoints[buffer], tf.convert_to_tensor(gradient), flat,
-                          info[_native.STEP_DISTINCT])
+                          distinct)
         of_shared = dict(zip(used, gradients[len(watched):len(watched) + len(used)]))
         for number, total in self.sums.items():
             if of_shared.get(number) is not None:
@@ -920,6 +937,8 @@ class _Compiled:
             given = _read(values, self.forward_given)
             return overlap.call(self.inference, [*arrays, *inputs, *given], rewrite=False)
         carried = [b for b in self.trainable if program.input_nodes[b]]
+        backward_function = self.backward_for(
+            bool(program.steps[:, _native.STEP_DISTINCT].all()))
         # Values of kinds with steps: a program of more kinds than this
         # minibatch has (Programs.compiled_for) gives the others no
         # gradient, as eagerly, not zeros.  (Places are the compiled ones.)
@@ -971,7 +990,7 @@ class _Compiled:
                         for b in self.trainable]
             # (Queued since GradientTape.gradient: overlap.py.)
             input_gradients, shared_gradients = overlap.call(
-                self.backward, [*arrays, *buffers, *given, *adjoints, *lists],
+                backward_function, [*arrays, *buffers, *given, *adjoints, *lists],
                 rewrite=False)
             by_buffer = dict(zip(self.trainable, input_gradients))
             return [by_buffer[b] for b in carried] + [
@@ -1140,21 +1159,18 @@ def _stacked_values(values, dtype, shape):
 
 
 def _add_rows(adjoint, gradient, rows, distinct):
-    """``adjoint[rows] += gradient``.  Where the step's rows are
-    ``distinct`` (the plan's flag: no row twice), by reading the rows,
-    adding and writing them back: TensorFlow's scatter_add on the CPU adds
-    row by row, and took 8.5 ms of a 256-tree backward (500 rows of 150
-    floats: 107 us, against 39 for this; BENCHMARKS.md).  Rows repeated (an
-    operand read twice, two instances reading one node) need scatter_add,
-    which sums them.  (Each branch returns something, as tf.cond asks.)"""
-    def read_added():
+    """``adjoint[rows] += gradient``.  Where no row is there twice
+    (``distinct``, a trace's: ``_Compiled.backward_for``), by reading the
+    rows, adding and writing them back: TensorFlow's scatter_add on the CPU
+    adds row by row, and took 8.5 ms of a 256-tree backward (500 rows of
+    150 floats: 107 us, against 39 for this; BENCHMARKS.md).  Rows repeated
+    (an operand read twice, two instances reading one node) need
+    scatter_add, which sums them; on distinct rows it adds the same
+    values."""
+    if distinct:
         adjoint.scatter_update(tf.IndexedSlices(adjoint.sparse_read(rows) + gradient, rows))
-        return tf.constant(0)
-
-    def added():
+    else:
         adjoint.scatter_add(tf.IndexedSlices(gradient, rows))
-        return tf.constant(0)
-    tf.cond(distinct > 0, read_added, added)
 
 
 def _stacked(nodes):
