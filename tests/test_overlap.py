@@ -434,6 +434,36 @@ def test_a_function_called_again_runs_as_its_plain_call_and_records_on_tapes(mon
     assert len(plain_calls) == 2
 
 
+def test_a_direct_call_reads_a_capture_given_at_each_call_anew():
+    """A function's captures fixed when it was traced are flattened once
+    for its direct calls; one whose value a callable gives at each call
+    (a deferred capture) is asked again at every call, as TensorFlow's own
+    call asks it."""
+    scale = {"value": 2.0}
+
+    @tensorflow.function(autograph=False)
+    def scaled(x):
+        graph = tensorflow.compat.v1.get_default_graph()
+        return x * graph.capture_call_time_value(
+            lambda: tensorflow.constant(scale["value"]),
+            tensorflow.TensorSpec((), tensorflow.float32))
+    concrete = scaled.get_concrete_function(tensorflow.TensorSpec((2,), tensorflow.float32))
+    x = tensorflow.constant([1.0, -3.0])
+    for value in (2.0, 5.0, -1.0):
+        scale["value"] = value
+        np.testing.assert_allclose(overlap.call(concrete, [x]), x.numpy() * value)
+    assert overlap._direct[concrete] is not None and overlap._direct[concrete].captured is None
+
+    weight = tensorflow.Variable([1.0, 2.0])
+    fixed = tensorflow.function(lambda x: x * weight, autograph=False).get_concrete_function(
+        tensorflow.TensorSpec((2,), tensorflow.float32))
+    for value in ([1.0, 2.0], [4.0, -2.0]):
+        weight.assign(value)
+        np.testing.assert_allclose(overlap.call(fixed, [x]), x.numpy() * value)
+        np.testing.assert_allclose(overlap.call(fixed, [x]), x.numpy() * value)
+    assert overlap._direct[fixed].captured is not None
+
+
 def test_a_scope_under_twice_the_limit_has_one_part_before_its_close(compiled, monkeypatch):
     """Where the last inference scope recorded fewer than twice
     ``pipeline`` nodes, the next evaluates one part of FIRST_SHARE of
