@@ -88,9 +88,9 @@ def test_every_example_models_optimizer_steps_equal_eager(model_name, optimizer,
 def test_compiled_updates_equal_keras_eager_updates(optimizer):
     """tf.keras.optimizers under subgraphjit: Keras's class (isinstance
     holds), its update compiled once the optimizer is built, the variables
-    where Keras's eager update leaves them after dense and IndexedSlices
-    gradients of changing sizes, and a None gradient; the same compiled
-    update reused, not one traced per step."""
+    bit for bit where Keras's eager update leaves them after dense and
+    IndexedSlices gradients of changing sizes, and a None gradient; the
+    same compiled update reused, not one traced per step."""
     rng = np.random.default_rng(3)
     initial = [rng.normal(size=(6, 3)).astype(np.float32),
                rng.normal(size=(3,)).astype(np.float32)]
@@ -114,8 +114,8 @@ def test_compiled_updates_equal_keras_eager_updates(optimizer):
     _, expected = run(keras_class)
     ours, got = run(getattr(tf.keras.optimizers, optimizer))
     assert isinstance(ours, keras_class) and type(ours) is not keras_class
-    for value, want in zip(got, expected):
-        np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6)
+    for value, want in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(value, want)
     assert len(optimizers._UPDATES[ours]) == 1   # one update, of any number of entries
 
 

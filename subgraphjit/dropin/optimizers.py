@@ -63,8 +63,11 @@ class CompiledUpdate:
             update = updates[key] = tf.function(
                 apply, input_signature=[specs]).get_concrete_function()
         # A flat call: no shape checks (done above), which would wait for
-        # gradients still queued (overlap.py).
-        return overlap.call(update, tensors)
+        # gradients still queued (overlap.py).  Without TensorFlow's graph
+        # rewrites (Grappler), which turn Keras's ``lr * g / sqrt(a + epsilon)``
+        # into a product by ``rsqrt``: the variables get the bits of Keras's
+        # eager step.
+        return overlap.call(update, tensors, rewrite=False)
 
 
 class RowwiseAdagrad:
@@ -89,9 +92,7 @@ class RowwiseAdagrad:
         accumulator = self._accumulators[self._get_variable_index(variable)]
         self.assign_add(accumulator, tf.IndexedSlices(tf.square(values), indices,
                                                       gradient.dense_shape))
-        # Each row's root, then gathered per entry, as Keras orders them:
-        # divided by a root directly, TensorFlow's graph optimizer would
-        # rewrite x / sqrt(y) as x * rsqrt(y), which differs in the last bit.
+        # Each row's root, then gathered per entry, as Keras orders them.
         rows, entry_rows = tf.unique(indices)
         roots = tf.sqrt(_tf_variable(accumulator).sparse_read(rows)
                         + tf.constant(self.epsilon, dtype))
