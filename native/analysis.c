@@ -1029,6 +1029,7 @@ typedef struct {
     PyObject *access_entry, *entry_info, *kind_of,
              *spec_of_foreign, *value_key, *take_output;
     PyObject *entry_cache, *kind_cache, *str_shared;
+    int own_rows;   /* whether lookups of a variable's rows keep their own */
 } Describe;
 
 /* The kinds of a foreign operand kind_of gives (by its type). */
@@ -1703,13 +1704,13 @@ fail:
     return -1;
 }
 
-/* Whether a node's work is never shared (a lookup of a variable's rows):
- * entry_info's ``gathers`` is a bool, or the position of the operand that
- * makes it so when it is a variable, or None. */
+/* Whether a node's work is never shared (a lookup of a variable's rows,
+ * where ``own_rows``): entry_info's ``gathers`` is a bool, or the position
+ * of the operand that makes it so when it is a variable, or None. */
 static int
 keeps_own_row(Describe *d, Node *node, PyObject *gathers)
 {
-    if (gathers == Py_None)
+    if (gathers == Py_None || !d->own_rows)
         return 0;
     if (PyBool_Check(gathers))
         return gathers == Py_True;
@@ -1729,22 +1730,24 @@ keeps_own_row(Describe *d, Node *node, PyObject *gathers)
 
 PyDoc_STRVAR(describe_graph_doc,
 "describe_graph(nodes, access_entry, entry_info, kind_of,\n"
-"               spec_of_foreign, value_key, take_output)\n--\n\n"
+"               spec_of_foreign, value_key, take_output, own_rows=True)\n--\n\n"
 "BatchGraph's loop over its nodes (see batcher/graph.py, which gives the\n"
 "callbacks); returns (type_of, duplicate_of, operands, sources, types,\n"
 "shared_operand, duplicates): ``operands`` an OperandTable, ``sources`` its\n"
 "Sources view, ``duplicates`` counting the nodes whose work an earlier node\n"
-"does.");
+"does.  ``own_rows``: lookups of a variable's rows keep their own (a\n"
+"tape could record them), else they are shared like other work.");
 
 static PyObject *
 describe_graph(PyObject *module, PyObject *args)
 {
     PyObject *nodes;
     Describe d = {0};
-    if (!PyArg_ParseTuple(args, "O!OOOOOO:describe_graph", &PyList_Type,
+    d.own_rows = 1;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO|p:describe_graph", &PyList_Type,
                           &nodes, &d.access_entry, &d.entry_info,
                           &d.kind_of, &d.spec_of_foreign, &d.value_key,
-                          &d.take_output))
+                          &d.take_output, &d.own_rows))
         return NULL;
     /* The nodes are held by a tuple of our own: callbacks run Python code,
      * which could change the list. */

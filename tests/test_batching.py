@@ -2,6 +2,8 @@
 every scheduler and both row layouts: losses and gradients, over minibatches
 of varied structure."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow
@@ -97,6 +99,33 @@ def test_identical_work_is_done_once():
     assert tf.stats()["duplicates_skipped"] == 4  # 2 lookups + 2 tanh
     for value in values:
         np.testing.assert_allclose(value.numpy(), np.tanh(np.eye(4)[[2]]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lookups_of_a_variable_are_shared_where_no_tape_records(seed):
+    """Without a tape, the same row of a variable looked up twice is one
+    lookup, and the work that reads it is done once (a Tree-LSTM's leaves
+    of one word); under a tape each lookup keeps its own row (the test
+    below).  Either way, every value is eager TensorFlow's."""
+    rng = np.random.default_rng(seed)
+    table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+    weight = tensorflow.Variable(rng.normal(size=(3, 4)).astype(np.float32))
+    ids = [int(i) for i in rng.integers(0, 6, size=12)]   # (repeats: 12 of 6)
+
+    def leaves(module):
+        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, [i]), weight))
+                for i in ids]
+    expected = [value.numpy() for value in leaves(tensorflow)]
+    repeats = len(ids) - len(set(ids))
+    for under_tape in (False, True):
+        tf.reset_stats()
+        with tf.GradientTape() if under_tape else contextlib.nullcontext():
+            values = tf.build(leaves(tf))
+        # The lookup, its product and the tanh of a repeated word: skipped
+        # in inference; under the tape nothing repeats.
+        assert tf.stats()["duplicates_skipped"] == (0 if under_tape else 3 * repeats)
+        for value, eager in zip(values, expected):
+            np.testing.assert_allclose(value.numpy(), eager, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("lookup", ["nn.embedding_lookup", "gather"])

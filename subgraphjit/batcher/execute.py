@@ -30,7 +30,8 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
     (overlap.py), and the operands its nodes drop are held until it has
     run; step by step, it runs here as always."""
     started = time.perf_counter()
-    graph = BatchGraph(nodes)
+    recording = program.could_record()
+    graph = BatchGraph(nodes, own_rows=recording)
     varying.merge_types(graph)
     batches = scheduler.schedule(graph)
     if little_to_share(graph, batches):
@@ -43,7 +44,6 @@ def execute(nodes, statistics, scheduler, row_layout="none", compile_after=0,
                    if node_type >= 0]
         compile_after = 0
     compiled = None
-    recording = program.could_record()
     if compile_after and batches and graph.varying:
         # A program's buffers hold rows of one shape each (plan.py).
         statistics["programs_not_compiled"]["batches over varying lengths"] += 1
