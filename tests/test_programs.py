@@ -973,6 +973,23 @@ def _infer_as_eager(outputs, instances):
         np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_cached_program_shares_repeated_lookups_in_inference(compiled, seed):
+    """Inference shares a lookup of rows looked up before in the scope, and
+    the work on them (graph.py): a program cached on one minibatch, run on
+    others whose repeats fall elsewhere, gives each minibatch's eager
+    values."""
+    rng, _, _, outputs = _looked_up_products(seed)
+    tf.reset_stats()
+    for _ in range(4):
+        instances = _random_ids(rng, 5)
+        instances += instances[:2]   # (two instances again: repeats for sure)
+        _infer_as_eager(outputs, instances)
+    stats = tf.stats()
+    # Each repeated instance: at least its lookup and its pattern skipped.
+    assert stats["program_runs"] >= 3 and stats["duplicates_skipped"] >= 4 * 2 * 2, stats
+
+
 def test_a_program_traces_the_modes_it_runs(compiled):
     """A program run for inference traces its inference forward alone (no
     backward); run by a tape later, the same key traces its training
