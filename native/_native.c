@@ -1388,6 +1388,293 @@ node_power(PyObject *base, PyObject *exponent, PyObject *modulus)
     return apply_operator(OP_POW, base, exponent);
 }
 
+/* -- functions -------------------------------------------------------------- */
+
+/* A patched TensorFlow function (``tf.matmul``, ``tf.sigmoid``...) whose
+ * lazy calls record here with no Python frame of their own: the generated
+ * wrapper's frame, binding its parameters and building its attributes'
+ * tuple, was 100 of a matmul's 230 ns of recording and 30 of a sigmoid's
+ * 90 (BENCHMARKS.md).  ir/record.py makes one per op entry with tensor
+ * operands.  It takes the common call only: lazy mode, the parameters
+ * bound by position or by name, each tensor operand given (a list or
+ * tuple of them for an entry whose first parameter takes a list); every
+ * other call, and one whose operand the recorder cannot describe
+ * (NotLazy), goes to ``fallback``, the generated wrapper, which does what
+ * TensorFlow's function would.  ``name`` is taken and ignored, as the
+ * wrapper's recording ignores it. */
+#define RECORDER_PARAMETERS 16
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *entry;       /* the op entry */
+    PyObject *fallback;    /* the generated wrapper */
+    PyObject *names;       /* the parameters' names, in order */
+    PyObject *defaults;    /* per parameter, its default or ``empty`` */
+    PyObject *empty;       /* inspect.Parameter.empty: no default */
+    PyObject *attrs;       /* the attributes' defaults, as record takes them */
+    PyObject *dict;        /* __name__, __doc__, __wrapped__... */
+    Py_ssize_t tensors;    /* leading parameters that are operands */
+    Py_ssize_t name_index; /* ``name``'s position, or -1 */
+    int list_input;        /* the first parameter takes a list of operands */
+} Recorder;
+
+static PyObject *str_lazy;
+
+/* Where ``keyword`` is among the parameters, or -1. */
+static Py_ssize_t
+parameter_index(Recorder *self, PyObject *keyword)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(self->names);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (PyTuple_GET_ITEM(self->names, i) == keyword)
+            return i;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int equal = PyUnicode_Compare(PyTuple_GET_ITEM(self->names, i), keyword);
+        if (equal == 0)
+            return i;
+        if (equal == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* The call recorded, or NULL with no exception set: the fallback's to make. */
+static PyObject *
+recorder_record(Recorder *self, PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(self->names);
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (context == NULL || nargs + keywords > count)
+        return NULL;
+    PyObject *lazy = PyObject_GetAttr(context, str_lazy);
+    if (lazy == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(lazy);
+    if (lazy != Py_True)
+        return NULL;
+    PyObject *bound[RECORDER_PARAMETERS] = {NULL};
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        bound[i] = args[i];
+    for (Py_ssize_t k = 0; k < keywords; k++) {
+        Py_ssize_t i = parameter_index(self, PyTuple_GET_ITEM(kwnames, k));
+        if (i < 0 || bound[i] != NULL)
+            return NULL;   /* (the wrapper raises TensorFlow's TypeError) */
+        bound[i] = args[nargs + k];
+    }
+    int defaults_only = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *fallback_value = PyTuple_GET_ITEM(self->defaults, i);
+        if (bound[i] == NULL) {
+            if (fallback_value == self->empty)
+                return NULL;
+            bound[i] = fallback_value;
+        }
+        else if (i >= self->tensors && i != self->name_index && bound[i] != fallback_value)
+            defaults_only = 0;
+    }
+    PyObject *attrs;
+    if (defaults_only)
+        attrs = Py_NewRef(self->attrs);
+    else {
+        attrs = PyTuple_New(PyTuple_GET_SIZE(self->attrs));
+        if (attrs == NULL)
+            return NULL;   /* (the fallback meets the same shortage) */
+        Py_ssize_t next = 0;
+        for (Py_ssize_t i = self->tensors; i < count; i++)
+            if (i != self->name_index)
+                PyTuple_SET_ITEM(attrs, next++, Py_NewRef(bound[i]));
+    }
+    PyObject *listed = NULL;
+    PyObject *const *operands = bound;
+    Py_ssize_t operand_count = self->tensors;
+    if (self->list_input) {
+        if (PyTuple_Check(bound[0]))
+            listed = Py_NewRef(bound[0]);
+        else if (PyList_Check(bound[0]))
+            listed = PyList_AsTuple(bound[0]);
+        if (listed == NULL) {
+            PyErr_Clear();
+            Py_DECREF(attrs);
+            return NULL;
+        }
+        operands = &PyTuple_GET_ITEM(listed, 0);
+        operand_count = PyTuple_GET_SIZE(listed);
+    }
+    /* The user's line is the running frame: no Python frame in between. */
+    PyFrameObject *frame = PyEval_GetFrame();
+    PyObject *result = record_op(self->entry, operands, operand_count, attrs,
+                                 frame == NULL ? Py_None : NULL, frame);
+    Py_XDECREF(listed);
+    Py_DECREF(attrs);
+    return result;
+}
+
+static PyObject *
+recorder_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = recorder_record((Recorder *)self, args, nargs, kwnames);
+    if (result != NULL)
+        return result;
+    if (PyErr_Occurred()) {
+        if (not_lazy == NULL || !PyErr_ExceptionMatches(not_lazy))
+            return NULL;
+        PyErr_Clear();
+    }
+    return PyObject_Vectorcall(((Recorder *)self)->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *entry, *fallback, *names, *defaults, *empty;
+    Py_ssize_t tensors, name_index;
+    int list_input;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Recorder() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOO!O!Onnp:Recorder", &entry, &fallback,
+                          &PyTuple_Type, &names, &PyTuple_Type, &defaults, &empty,
+                          &tensors, &name_index, &list_input))
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    Py_ssize_t operands = list_input ? 1 : tensors;
+    if (!PyCallable_Check(fallback) || PyTuple_GET_SIZE(defaults) != count
+            || count > RECORDER_PARAMETERS || operands < 1 || operands > count
+            || operands > RECORD_OPERANDS || name_index < -1 || name_index >= count
+            || (name_index >= 0 && name_index < operands)) {
+        PyErr_SetString(PyExc_ValueError, "Recorder(entry, fallback, names, defaults, "
+                        "empty, tensors, name_index, list_input): inconsistent parameters");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "Recorder(): parameter names are strings");
+            return NULL;
+        }
+    PyObject *attrs = PyTuple_New(count - operands - (name_index >= 0));
+    if (attrs == NULL)
+        return NULL;
+    for (Py_ssize_t i = operands, next = 0; i < count; i++)
+        if (i != name_index)
+            PyTuple_SET_ITEM(attrs, next++, Py_NewRef(PyTuple_GET_ITEM(defaults, i)));
+    Recorder *self = PyObject_GC_New(Recorder, type);
+    if (self == NULL) {
+        Py_DECREF(attrs);
+        return NULL;
+    }
+    self->vectorcall = recorder_call;
+    self->entry = Py_NewRef(entry);
+    self->fallback = Py_NewRef(fallback);
+    self->names = Py_NewRef(names);
+    self->defaults = Py_NewRef(defaults);
+    self->empty = Py_NewRef(empty);
+    self->attrs = attrs;
+    self->dict = NULL;
+    self->tensors = operands;
+    self->name_index = name_index;
+    self->list_input = list_input;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static int
+recorder_traverse(Recorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->entry);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->names);
+    Py_VISIT(self->defaults);
+    Py_VISIT(self->empty);
+    Py_VISIT(self->attrs);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+recorder_clear(Recorder *self)
+{
+    Py_CLEAR(self->entry);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->defaults);
+    Py_CLEAR(self->empty);
+    Py_CLEAR(self->attrs);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+recorder_dealloc(Recorder *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    PyObject_GC_Del(self);
+    Py_DECREF(type);
+}
+
+/* Bound as a method, as a Python function is (TensorFlow's functions are). */
+static PyObject *
+recorder_get(PyObject *self, PyObject *instance, PyObject *owner)
+{
+    if (instance == NULL || instance == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, instance);
+}
+
+static PyObject *
+recorder_repr(Recorder *self)
+{
+    PyObject *name = self->dict == NULL ? NULL
+                     : PyDict_GetItemString(self->dict, "__qualname__");
+    if (name == NULL)
+        return PyUnicode_FromFormat("<subgraphjit function at %p>", self);
+    return PyUnicode_FromFormat("<subgraphjit function %S>", name);
+}
+
+static PyMemberDef recorder_members[] = {
+    {"fallback", T_OBJECT, offsetof(Recorder, fallback), READONLY,
+     "the generated wrapper, which takes every call not recorded here"},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Recorder, dict), READONLY},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Recorder, vectorcall), READONLY},
+    {NULL},
+};
+
+static PyGetSetDef recorder_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {NULL},
+};
+
+static PyType_Slot recorder_slots[] = {
+    {Py_tp_new, recorder_new},
+    {Py_tp_dealloc, recorder_dealloc},
+    {Py_tp_traverse, recorder_traverse},
+    {Py_tp_clear, recorder_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, recorder_get},
+    {Py_tp_repr, recorder_repr},
+    {Py_tp_members, recorder_members},
+    {Py_tp_getset, recorder_getset},
+    {0, NULL},
+};
+
+static PyType_Spec recorder_spec = {
+    .name = "subgraphjit._native.Recorder",
+    .basicsize = sizeof(Recorder),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+             | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = recorder_slots,
+};
+
 static PyObject *
 set_operators(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1513,6 +1800,7 @@ PyInit__native(void)
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
     str_datatype_enum = PyUnicode_InternFromString("_datatype_enum");
     str_shape_tuple = PyUnicode_InternFromString("_shape_tuple");
+    str_lazy = PyUnicode_InternFromString("lazy");
     eager_tensor_specs = PyDict_New();
     int_list_specs = PyDict_New();
     attrs_shared = PyDict_New();
@@ -1526,6 +1814,7 @@ PyInit__native(void)
     no_attrs = PyTuple_New(0);
     node_type = (PyTypeObject *)PyType_FromSpec(&node_spec);
     node_operand_type = (PyTypeObject *)PyType_FromSpec(&node_operand_spec);
+    PyObject *recorder_type = PyType_FromSpec(&recorder_spec);
     if (add_analysis_functions(module) < 0 || add_match_functions(module) < 0
             || add_plan_functions(module) < 0 || add_fuse_functions(module) < 0
             || add_operand_types(module) < 0) {
@@ -1537,7 +1826,8 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || no_attrs == NULL
+            || no_attrs == NULL || str_lazy == NULL || recorder_type == NULL
+            || PyModule_AddObject(module, "Recorder", recorder_type) < 0
             || node_type == NULL || node_operand_type == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",
                                      (PyObject *)node_type) < 0

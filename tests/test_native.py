@@ -3,8 +3,10 @@ cyclic collector, record's key, spec cache, consumers, sites and ids, clean
 errors for bad calls, and freeing deep graphs."""
 
 import gc
+import inspect
 import math
 import operator
+import re
 import sys
 import weakref
 
@@ -433,3 +435,102 @@ def test_a_lone_tensor_is_taken_as_tensorflow_takes_it(function, values, axis):
     got = getattr(tf, function)(values(tf.identity(x)), *axis)
     assert type(got) is VirtualNode
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+RECORDER_CALLS = [
+    lambda tf, a, b: tf.matmul(a, b),
+    lambda tf, a, b: tf.matmul(a, b, transpose_b=True),
+    lambda tf, a, b: tf.matmul(a, b, False, True, name="product"),
+    lambda tf, a, b: tf.matmul(b=b, a=a),
+    lambda tf, a, b: tf.sigmoid(a, name="gate"),
+    lambda tf, a, b: tf.split(a, 3, axis=1),
+    lambda tf, a, b: tf.split(a, [1, 2], 1),
+    lambda tf, a, b: tf.concat([a, b], axis=1),
+    lambda tf, a, b: tf.concat((a, b), 0),
+    lambda tf, a, b: tf.concat((x for x in (a, b)), 0),   # TensorFlow's ValueError
+    lambda tf, a, b: tf.add_n([a, b, a]),
+    lambda tf, a, b: tf.reduce_sum(a, 1, True),
+    lambda tf, a, b: tf.matmul(a, b, transpose_c=True),    # TensorFlow's TypeError
+    lambda tf, a, b: tf.matmul(a),                         # TensorFlow's TypeError
+    lambda tf, a, b: tf.matmul(a, b, a=a),                 # TensorFlow's TypeError
+]
+
+
+@pytest.mark.parametrize("call", RECORDER_CALLS)
+def test_functions_record_in_c_as_their_generated_wrappers_do(call):
+    """A patched function is a ``_native.Recorder``: its lazy calls, by
+    position or keyword, with defaults, ``name`` or attributes given,
+    record the node the generated wrapper (its ``fallback``) records, at
+    the user's line, and evaluate to TensorFlow's values; every other
+    call (a generator for a list, a bad argument) is the wrapper's, whose
+    errors are TensorFlow's."""
+    rng = np.random.default_rng(3)
+    a, b = (tensorflow.constant(rng.normal(size=(3, 3)).astype(np.float32))
+            for _ in range(2))
+
+    class Wrappers:   # the same functions as their generated wrappers
+        def __getattr__(self, name):
+            return getattr(tf, name).fallback
+
+    def outcome(module):
+        try:
+            return call(module, a, b)
+        except (TypeError, ValueError) as error:
+            return error
+
+    def message(error):   # (without the addresses of the call's objects)
+        return re.sub("0x[0-9a-f]+", "", str(error))
+
+    expected = outcome(tensorflow)
+    with tf.batching():
+        got = outcome(tf)
+        by_wrapper = outcome(Wrappers())
+        if isinstance(expected, Exception):
+            assert type(got) is type(by_wrapper) is type(expected)
+            assert message(got) == message(by_wrapper)
+            return
+        for node, reference in zip(tensorflow.nest.flatten(got),
+                                   tensorflow.nest.flatten(by_wrapper)):
+            assert type(node) is VirtualNode and node.entry is reference.entry
+            assert node.attrs == reference.attrs and node.spec is reference.spec
+            assert node.site == reference.site and node.site[0] is call.__code__
+    for value, reference in zip(tensorflow.nest.flatten(got), tensorflow.nest.flatten(expected)):
+        np.testing.assert_allclose(value.numpy(), reference.numpy(), rtol=1e-6)
+
+
+def test_a_recorder_is_a_function_to_its_users():
+    """What code reads off a function: its name, signature, documentation
+    and ``__wrapped__``; bound as a method as a Python function is; and
+    eager mode (nothing records) passes the call to TensorFlow."""
+    assert type(tf.matmul) is _native.Recorder
+    assert tf.matmul.__name__ == "matmul" and tf.matmul.__module__ == "subgraphjit"
+    assert inspect.signature(tf.matmul) == inspect.signature(tensorflow.matmul)
+    assert "Lazily recorded" in tf.matmul.__doc__ and "matmul" in repr(tf.matmul)
+
+    class Holder:
+        gate = tf.sigmoid
+
+    holder = Holder()
+    assert holder.gate.__self__ is holder and Holder.gate is tf.sigmoid
+    x = tensorflow.constant([[0.5, -1.0]])
+    tf.set_parameter("mode", "eager")
+    try:
+        value = tf.sigmoid(x)
+    finally:
+        tf.set_parameter("mode", "lazy")
+    assert type(value) is type(x)
+    np.testing.assert_array_equal(value.numpy(), tensorflow.sigmoid(x).numpy())
+
+
+@pytest.mark.parametrize("arguments", [
+    (), (None,), (ALL_ENTRIES[0], len, (), (), None, 1, -1, False),
+    (ALL_ENTRIES[0], 5, ("a",), (None,), None, 1, -1, False),
+    (ALL_ENTRIES[0], len, ("a", "b"), (None,), None, 1, -1, False),
+    (ALL_ENTRIES[0], len, ("a",), (None,), None, 0, -1, False),
+    (ALL_ENTRIES[0], len, ("a", "name"), (None, None), None, 1, 0, False),
+    (ALL_ENTRIES[0], len, (1,), (None,), None, 1, -1, False),
+    (ALL_ENTRIES[0], len, ("a",) * 17, (None,) * 17, None, 1, -1, False),
+])
+def test_bad_recorders_raise_clean_errors(arguments):
+    with pytest.raises((TypeError, ValueError)):
+        _native.Recorder(*arguments)

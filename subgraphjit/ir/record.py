@@ -43,6 +43,9 @@ from .table import ACCESS, freeze
 # accesses for a multi-output entry), appended to ``context.pending`` in a
 # scope.
 record = _native.record
+# A function of more parameters keeps its generated wrapper (``_native.Recorder``
+# binds at most this many).
+RECORDER_PARAMETERS = 16
 
 
 def _infer(entry, inputs, attrs, key, site):
@@ -242,6 +245,14 @@ def build_entry_functions(entry, public_name, fast=None):
     entry.call = namespace["call"]
     entry.dispatch_target = namespace["dispatch_target"]
     wrapper = namespace["wrapper"]
+    if entry.tensor_params and len(names) <= RECORDER_PARAMETERS:
+        # Lazy calls record in C, with no frame of this wrapper's
+        # (``_native.Recorder``); the wrapper takes every other call.
+        wrapper = _native.Recorder(
+            entry, wrapper, tuple(names),
+            tuple(defaults.get(n, inspect.Parameter.empty) for n in names),
+            inspect.Parameter.empty, len(entry.tensor_params),
+            names.index("name") if "name" in names else -1, entry.list_input)
     wrapper.__name__ = wrapper.__qualname__ = public_name
     wrapper.__doc__ = (f"Lazily recorded version of tf.{entry.name} "
                        f"(subgraphjit).\n\n{entry.fn.__doc__ or ''}")
