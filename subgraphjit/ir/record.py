@@ -46,6 +46,11 @@ record = _native.record
 # A function of more parameters keeps its generated wrapper (``_native.Recorder``
 # binds at most this many).
 RECORDER_PARAMETERS = 16
+# So does a function Keras may be given as a layer's activation (one tensor
+# in, the same shape out: the elementwise family, and these): Keras names
+# an activation by its Python function, and saved a native callable as an
+# object it could not load (tests/test_layers.py).
+KERAS_ACTIVATIONS = {"nn.softmax", "nn.log_softmax"}
 
 
 def _infer(entry, inputs, attrs, key, site):
@@ -245,7 +250,8 @@ def build_entry_functions(entry, public_name, fast=None):
     entry.call = namespace["call"]
     entry.dispatch_target = namespace["dispatch_target"]
     wrapper = namespace["wrapper"]
-    if entry.tensor_params and len(names) <= RECORDER_PARAMETERS:
+    if (entry.tensor_params and len(names) <= RECORDER_PARAMETERS
+            and entry.family != "elementwise" and entry.name not in KERAS_ACTIVATIONS):
         # Lazy calls record in C, with no frame of this wrapper's
         # (``_native.Recorder``); the wrapper takes every other call.
         wrapper = _native.Recorder(
