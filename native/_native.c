@@ -1419,18 +1419,7 @@ typedef struct {
     int list_input;        /* the first parameter takes a list of operands */
 } Recorder;
 
-/* Whether ops record (the context's ``lazy``, which it gives here). */
-static int lazy_mode = 1;
-
-static PyObject *
-set_lazy(PyObject *module, PyObject *flag)
-{
-    int value = PyObject_IsTrue(flag);
-    if (value < 0)
-        return NULL;
-    lazy_mode = value;
-    Py_RETURN_NONE;
-}
+static PyObject *str_lazy;
 
 /* Where ``keyword`` is among the parameters, or -1. */
 static Py_ssize_t
@@ -1459,7 +1448,15 @@ recorder_record(Recorder *self, PyObject *const *args, Py_ssize_t nargs,
 {
     Py_ssize_t count = PyTuple_GET_SIZE(self->names);
     Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (!lazy_mode || context == NULL || nargs + keywords > count)
+    if (context == NULL || nargs + keywords > count)
+        return NULL;
+    PyObject *lazy = PyObject_GetAttr(context, str_lazy);   /* (the mode) */
+    if (lazy == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(lazy);
+    if (lazy != Py_True)
         return NULL;
     PyObject *bound[RECORDER_PARAMETERS] = {NULL};
     for (Py_ssize_t i = 0; i < nargs; i++)
@@ -1765,9 +1762,6 @@ static PyMethodDef methods[] = {
      "raises ``not_lazy``."},
     {"setup", (PyCFunction)(void (*)(void))setup,
      METH_VARARGS | METH_KEYWORDS, setup_doc},
-    {"set_lazy", set_lazy, METH_O,
-     "set_lazy(flag): whether the patched functions record (the context's "
-     "``lazy``)."},
     {"set_pending", (PyCFunction)(void (*)(void))set_pending, METH_FASTCALL,
      "set_pending(nodes, limit=0, callback=None, window_of=limit)\n--\n\n"
      "Where record() appends "
@@ -1806,6 +1800,7 @@ PyInit__native(void)
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
     str_datatype_enum = PyUnicode_InternFromString("_datatype_enum");
     str_shape_tuple = PyUnicode_InternFromString("_shape_tuple");
+    str_lazy = PyUnicode_InternFromString("lazy");
     eager_tensor_specs = PyDict_New();
     int_list_specs = PyDict_New();
     attrs_shared = PyDict_New();
@@ -1831,7 +1826,7 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || no_attrs == NULL || recorder_type == NULL
+            || no_attrs == NULL || str_lazy == NULL || recorder_type == NULL
             || PyModule_AddObject(module, "Recorder", recorder_type) < 0
             || node_type == NULL || node_operand_type == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",

@@ -242,18 +242,6 @@ class Context:
             raise _unknown_parameter(key)
         return self.parameters[key]
 
-    @property
-    def lazy(self):
-        """Whether ops record (mode "lazy"), rather than run at once."""
-        return self._lazy
-
-    @lazy.setter
-    def lazy(self, value):
-        # Also given to the recorder, where the patched functions read it
-        # (``_native.Recorder``) with no attribute lookup per call.
-        self._lazy = value
-        _native.set_lazy(value)
-
     # -- scopes ------------------------------------------------------------
     @property
     def pending(self):
