@@ -1641,6 +1641,18 @@ recorder_repr(Recorder *self)
     return PyUnicode_FromFormat("<subgraphjit function %S>", name);
 }
 
+/* Pickled by name, as a Python function is. */
+static PyObject *
+recorder_reduce(PyObject *self, PyObject *unused)
+{
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"__reduce__", recorder_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
+
 static PyMemberDef recorder_members[] = {
     {"fallback", T_OBJECT, offsetof(Recorder, fallback), READONLY,
      "the generated wrapper, which takes every call not recorded here"},
@@ -1663,6 +1675,7 @@ static PyType_Slot recorder_slots[] = {
     {Py_tp_descr_get, recorder_get},
     {Py_tp_repr, recorder_repr},
     {Py_tp_members, recorder_members},
+    {Py_tp_methods, recorder_methods},
     {Py_tp_getset, recorder_getset},
     {0, NULL},
 };

@@ -2,10 +2,12 @@
 cyclic collector, record's key, spec cache, consumers, sites and ids, clean
 errors for bad calls, and freeing deep graphs."""
 
+import copy
 import gc
 import inspect
 import math
 import operator
+import pickle
 import re
 import sys
 import types
@@ -501,12 +503,15 @@ def test_functions_record_in_c_as_their_generated_wrappers_do(call):
 
 def test_a_recorder_is_a_function_to_its_users():
     """What code reads off a function: its name, signature, documentation
-    and ``__wrapped__``; bound as a method as a Python function is; and
-    eager mode (nothing records) passes the call to TensorFlow."""
+    and ``__wrapped__``; pickled and copied by name, bound as a method, as
+    a Python function is; and eager mode (nothing records) passes the call
+    to TensorFlow."""
     assert type(tf.matmul) is _native.Recorder
     assert tf.matmul.__name__ == "matmul" and tf.matmul.__module__ == "subgraphjit"
     assert inspect.signature(tf.matmul) == inspect.signature(tensorflow.matmul)
     assert "Lazily recorded" in tf.matmul.__doc__ and "matmul" in repr(tf.matmul)
+    assert pickle.loads(pickle.dumps(tf.matmul)) is tf.matmul
+    assert copy.deepcopy(tf.matmul) is tf.matmul
 
     class Holder:
         total = tf.reduce_sum

@@ -11,6 +11,11 @@ TensorFlow.  A wrapper does one of three things:
 * an operand the recorder cannot describe (a symbolic tensor inside a
   tf.function, a ragged tensor, ...): calls the real function, as eager mode.
 
+Most patched functions are a ``_native.Recorder`` in front of the generated
+wrapper: it records the common lazy call (the parameters bound by position
+or name, the operands given) in C, with no Python frame, and passes every
+other call to the wrapper.
+
 Each entry also gets a *dispatch target* with the same signature: what
 TensorFlow's own function calls when given a VirtualNode (dropin/dispatch.py).
 It records exactly as the wrapper does, but where the wrapper would call the
