@@ -11,8 +11,9 @@ and with agenda, each evaluation run as one compiled program once its key
 recurs (``compiled``: ``compile`` 4); and with every parameter at its
 default (``subgraphjit defaults``, its warm-up running passes until
 ``auto`` has chosen its granularity for training and for inference,
-shown beside it).  Each system runs in a process of its own, one after
-another (in one process, a system ran slower after another).  Ratios are
+shown beside it).  Each system runs in a process of its own, and the
+processes take turns pass by pass (turns.py), so that every system's
+passes sample the same minutes of this machine.  Ratios are
 to plain eager TensorFlow, measured in this run.  Also prints the compute
 floor: the model's FLOPs per sentence over the measured single-thread
 matmul rate.
@@ -25,9 +26,7 @@ matmul rate.
 import argparse
 import contextlib
 import importlib.util
-import json
 import pathlib
-import subprocess
 import sys
 import time
 import typing
@@ -48,6 +47,7 @@ from benchmarks.treelstm_baselines import (  # noqa: E402
     FunctionCellTreeLSTM, HandBatchedTreeLSTM, compiled_hand_batched)
 from experiments import sst  # noqa: E402
 from experiments.treelstm import TreeLSTM, train_step  # noqa: E402
+from benchmarks import turns  # noqa: E402
 
 
 DEFAULTS = "subgraphjit defaults"
@@ -60,15 +60,6 @@ class Passes(typing.NamedTuple):
     train: typing.Callable[[], None]
     infer: typing.Callable[[], None]
     model: object = None
-
-
-def median_rate(run_pass, sentences, passes):
-    rates = []
-    for _ in range(passes):
-        started = time.perf_counter()
-        run_pass()
-        rates.append(sentences / (time.perf_counter() - started))
-    return float(np.median(rates))
 
 
 def per_instance_system(module, make_model):
@@ -151,10 +142,11 @@ def compiled_hand_batched_system(make_model):
     return passes
 
 
-def measure(name, system, trees, vocabulary, arguments):
-    """One system's row at ``arguments.batch_sizes[0]``: its warm-up, then
-    the median training and inference rates (and, for subgraphjit, what
-    its granularity trials chose and measured)."""
+def serve(name, system, trees, vocabulary, arguments):
+    """One system at ``arguments.batch_sizes[0]``, in its own process: its
+    warm-up, then its passes when its turn comes (turns.py); at the end, its
+    warm-up and, for subgraphjit, what its granularity trials chose and
+    measured, and its front end's rate."""
     batch_size = arguments.batch_sizes[0]
     subset = trees[:arguments.eager_trees] if name in PER_INSTANCE else trees
     minibatches = [subset[k:k + batch_size] for k in range(0, len(subset), batch_size)]
@@ -172,40 +164,27 @@ def measure(name, system, trees, vocabulary, arguments):
         refused = dict(subgraphjit.stats()["programs_not_compiled"])
     warm_up = time.perf_counter() - started
     programs = subgraphjit.stats()["programs_compiled"]
-    return {"name": name, "train": median_rate(train, len(subset), arguments.passes),
-            "infer": median_rate(infer, len(subset), arguments.passes),
-            "front_end": (front_end_rate(model, minibatches, vocabulary)
-                          if name.startswith("subgraphjit") else None),
-            "warm_up": warm_up, "programs": programs, "trials": trials,
-            "refused": refused}
+    turns.serve({"train": train, "infer": infer}, lambda: {
+        "name": name, "sentences": len(subset),
+        "front_end": (front_end_rate(model, minibatches, vocabulary)
+                      if name.startswith("subgraphjit") else None),
+        "warm_up": warm_up, "programs": programs, "trials": trials,
+        "refused": refused})
 
 
-def in_own_process(name, batch_size, arguments):
-    """``measure`` in a process of its own: run one after another in one
-    process, a system ran slower after another (our inference at batch 25:
-    16.1 ms a minibatch alone, 22.3 after the hand-batched version, every
-    phase slower alike; BENCHMARKS.md), so no row depends on the rows
-    before it."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "batching.py"),
-               "--system", name, "--batch-sizes", str(batch_size),
-               "--trees", str(arguments.trees), "--passes", str(arguments.passes),
-               "--eager-trees", str(arguments.eager_trees)]
-    return last_line_json(command, f"{name} at batch {batch_size}")
+def system_process(name, batch_size, arguments):
+    """``serve`` in a process of its own, warmed up."""
+    return turns.Child(name, [
+        sys.executable, str(ROOT / "benchmarks" / "batching.py"),
+        "--system", name, "--batch-sizes", str(batch_size),
+        "--trees", str(arguments.trees), "--eager-trees", str(arguments.eager_trees)])
 
 
-def dynet_rates(strategy, batch_size, arguments):
-    command = [sys.executable, str(ROOT / "benchmarks" / "dynet_treelstm.py"),
-               "--dynet-autobatch", str(strategy), "--batch-size", str(batch_size),
-               "--trees", str(arguments.trees), "--passes", str(arguments.passes)]
-    return last_line_json(command, f"DyNet's strategy {strategy} at batch {batch_size}")
-
-
-def last_line_json(command, what):
-    """The JSON a child process printed last; its error output if it failed."""
-    output = subprocess.run(command, capture_output=True, text=True)
-    if output.returncode != 0:
-        sys.exit(f"{what} failed:\n{output.stderr[-3000:]}")
-    return json.loads(output.stdout.strip().splitlines()[-1])
+def dynet_process(strategy, label, batch_size, arguments):
+    return turns.Child(f"DyNet autobatch {label}", [
+        sys.executable, str(ROOT / "benchmarks" / "dynet_treelstm.py"),
+        "--dynet-autobatch", str(strategy), "--batch-size", str(batch_size),
+        "--trees", str(arguments.trees), "--serve"])
 
 
 def compute_floor(trees):
@@ -285,29 +264,32 @@ def main():
                             for wanted in arguments.systems)]
 
     if arguments.system is not None:   # (a child process: one system, one size)
-        print(json.dumps(measure(arguments.system, systems[arguments.system], trees,
-                                 vocabulary, arguments)))
+        serve(arguments.system, systems[arguments.system], trees, vocabulary, arguments)
         return
     rate, floor_train, floor_infer = compute_floor(trees)
     print(f"SST Tree-LSTM, embedding 300, hidden 150, first {len(trees)} training "
-          f"trees, 1 thread, median of {arguments.passes} passes")
+          f"trees, 1 thread, median of {arguments.passes} passes, the systems' "
+          f"processes taking turns pass by pass")
     print(f"single-thread matmul: {rate / 1e9:.1f} GFLOP/s; compute floor "
           f"{floor_train:.0f} sentences/s training, {floor_infer:.0f} inference")
 
     for batch_size in arguments.batch_sizes:
-        rows, eager, trials, refused = [], None, None, None
-        for name in systems:
-            row = in_own_process(name, batch_size, arguments)
-            eager = eager or (row["train"], row["infer"])
-            trials = row["trials"] or trials
-            refused = row["refused"] or refused
-            rows.append((row["name"], row["train"], row["infer"], row["front_end"],
-                         row["warm_up"], row["programs"]))
+        children = [system_process(name, batch_size, arguments) for name in systems]
         if has_dynet:
-            for strategy, label in dynet_strategies:
-                speeds = dynet_rates(strategy, batch_size, arguments)
-                rows.append((f"DyNet autobatch {label}", speeds["train"],
-                             speeds["infer"], None, None, None))
+            children += [dynet_process(strategy, label, batch_size, arguments)
+                         for strategy, label in dynet_strategies]
+        seconds = turns.take_turns(children, ("train", "infer"), arguments.passes)
+        rows, eager, trials, refused = [], None, None, None
+        for child in children:
+            final = child.finish()
+            sentences = final.get("sentences", len(trees))
+            train_rate, infer_rate = (sentences / float(np.median(seconds[child.name][mode]))
+                                      for mode in ("train", "infer"))
+            eager = eager or (train_rate, infer_rate)
+            trials = final.get("trials") or trials
+            refused = final.get("refused") or refused
+            rows.append((final.get("name", child.name), train_rate, infer_rate,
+                         final.get("front_end"), final.get("warm_up"), final.get("programs")))
         print(f"\nbatch size {batch_size}")
         print(f"{'system':<40} {'train sent/s':>12} {'x eager':>8} "
               f"{'infer sent/s':>12} {'x eager':>8} {'front end sent/s':>16} "

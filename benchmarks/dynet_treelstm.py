@@ -2,7 +2,8 @@
 and benchmarks/record_cost.py in a subprocess (DyNet reads its flags at
 import).  Prints one JSON line: sentences per second for training and for
 inference, or with ``--construction`` what building one minibatch's loss
-graph costs (the model's Python code included, nothing computed).
+graph costs (the model's Python code included, nothing computed); with
+``--serve``, its passes when batching.py gives it its turn (turns.py).
 
     python benchmarks/dynet_treelstm.py --dynet-autobatch 1 --batch-size 25
     (autobatch 1: agenda-based, 2: depth-based)
@@ -20,6 +21,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks import turns  # noqa: E402
 from experiments import sst  # noqa: E402
 
 
@@ -32,6 +34,8 @@ def main():
     parser.add_argument("--hidden", type=int, default=150)
     parser.add_argument("--construction", action="store_true",
                         help="time graph construction of the first minibatch")
+    parser.add_argument("--serve", action="store_true",
+                        help="take turns with other systems' processes (turns.py)")
     arguments, _ = parser.parse_known_args()  # --dynet-* flags are DyNet's
     import dynet as dy
 
@@ -80,22 +84,30 @@ def main():
         print(json.dumps(construction_cost(dy, build_loss, minibatches[0],
                                            arguments.passes)))
         return
+    def train():
+        for minibatch in minibatches:
+            dy.renew_cg()
+            loss = build_loss(minibatch)
+            loss.value()
+            loss.backward()
+            trainer.update()
+
+    def infer():
+        for minibatch in minibatches:
+            dy.renew_cg()
+            outputs = [logits(t) for t in minibatch]
+            dy.forward(outputs)
+            [o.npvalue() for o in outputs]
+
+    if arguments.serve:   # (batching.py's child: passes when its turn comes)
+        turns.serve({"train": train, "infer": infer}, lambda: {"sentences": len(trees)})
+        return
     speeds = {}
-    for mode in ("train", "infer"):
+    for mode, run_pass in (("train", train), ("infer", infer)):
         rates = []
         for _ in range(arguments.passes):
             started = time.perf_counter()
-            for minibatch in minibatches:
-                dy.renew_cg()
-                if mode == "train":
-                    loss = build_loss(minibatch)
-                    loss.value()
-                    loss.backward()
-                    trainer.update()
-                else:
-                    outputs = [logits(t) for t in minibatch]
-                    dy.forward(outputs)
-                    [o.npvalue() for o in outputs]
+            run_pass()
             rates.append(len(trees) / (time.perf_counter() - started))
         speeds[mode] = sorted(rates)[len(rates) // 2]
     print(json.dumps(speeds))
