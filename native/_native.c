@@ -1390,12 +1390,13 @@ node_power(PyObject *base, PyObject *exponent, PyObject *modulus)
 
 /* -- functions -------------------------------------------------------------- */
 
-/* A patched TensorFlow function (``tf.matmul``, ``tf.sigmoid``...) whose
+/* A patched TensorFlow function (``tf.matmul``, ``tf.split``...) whose
  * lazy calls record here with no Python frame of their own: the generated
  * wrapper's frame, binding its parameters and building its attributes'
- * tuple, was 100 of a matmul's 230 ns of recording and 30 of a sigmoid's
- * 90 (BENCHMARKS.md).  ir/record.py makes one per op entry with tensor
- * operands.  It takes the common call only: lazy mode, the parameters
+ * tuple, was 60 of a matmul's 230 ns of recording (BENCHMARKS.md).
+ * ir/record.py makes one per op entry with tensor operands, but those a
+ * Keras layer may take as its activation.  It takes the common call
+ * only: lazy mode, the parameters
  * bound by position or by name, each tensor operand given (a list or
  * tuple of them for an entry whose first parameter takes a list); every
  * other call, and one whose operand the recorder cannot describe
