@@ -282,8 +282,8 @@ def main():
         rows, eager, trials, refused = [], None, None, None
         for child in children:
             final = child.finish()
-            sentences = final.get("sentences", len(trees))
-            train_rate, infer_rate = (sentences / float(np.median(seconds[child.name][mode]))
+            train_rate, infer_rate = (final["sentences"]
+                                      / float(np.median(seconds[child.name][mode]))
                                       for mode in ("train", "infer"))
             eager = eager or (train_rate, infer_rate)
             trials = final.get("trials") or trials

@@ -20,14 +20,14 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 
 PREFIX = "@turns "
 
 
-def serve(passes, final=dict):
+def serve(passes, final):
     """The child's side: ``passes`` maps a mode name to a function that runs
     one pass; ``final()`` gives what to print at ``done``."""
-    import time
     _say("ready")
     for line in sys.stdin:
         mode = line.strip()

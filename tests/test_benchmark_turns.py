@@ -1,5 +1,6 @@
 """benchmarks/turns.py: systems' processes taking turns, pass by pass."""
 
+import pathlib
 import sys
 
 import pytest
@@ -22,7 +23,6 @@ turns.serve({{mode: one(mode) for mode in count}}, lambda: dict(count, name={nam
 
 
 def child(name, source=CHILD):
-    import pathlib
     root = str(pathlib.Path(__file__).resolve().parents[1])
     return turns.Child(name, [sys.executable, "-c", source.format(root=root, name=name)])
 
