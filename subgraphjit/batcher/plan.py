@@ -276,13 +276,19 @@ def _fill(graph, program, kind_of_type, batches):
     (in C: loops over every node and operand).  A duplicate shares its
     original's place, an access node its multi-output node's output's;
     inputs' rows follow the computed ones, Python values then nodes."""
-    kinds = [(tuple((position, buffer) for position, (operand_kind, buffer)
-                    in enumerate(kind.operands) if operand_kind == ROWS),
-              tuple(kind.outputs), kind.entry.multi_output)
-             for kind in program.kinds]
-    type_kinds = [-1] * len(graph.types)
-    for node_type, kind_number in kind_of_type.items():
-        type_kinds[node_type] = kind_number
+    # What fill reads of the kinds: the same for every program of a
+    # structure (``Program.again``), so made once for them.
+    described = program.derived.get(_fill)
+    if described is None:
+        kinds = [(tuple((position, buffer) for position, (operand_kind, buffer)
+                        in enumerate(kind.operands) if operand_kind == ROWS),
+                  tuple(kind.outputs), kind.entry.multi_output)
+                 for kind in program.kinds]
+        type_kinds = [-1] * len(graph.types)
+        for node_type, kind_number in kind_of_type.items():
+            type_kinds[node_type] = kind_number
+        described = program.derived[_fill] = kinds, type_kinds
+    kinds, type_kinds = described
     (steps, rows, program.input_values, program.input_nodes, where, outputs, slots,
      width) = _native.fill(batches, graph.nodes, graph.type_of, graph.duplicate_of,
                            graph.operands, len(graph.types), type_kinds, kinds,
