@@ -380,6 +380,35 @@ def test_a_function_called_unrewritten_skips_grappler_and_keeps_the_callers_opti
         current.function_call_options = saved
 
 
+def test_a_function_of_listed_results_called_again_gives_them_as_its_plain_call():
+    """A function returning a list of tensors (as every program does) is
+    given the op's outputs as that list, without TensorFlow's packing; a
+    function of any other structure is packed as before."""
+    rng = np.random.default_rng(11)
+
+    @tensorflow.function
+    def listed(x):
+        return [x + 1.0, x * x]
+
+    @tensorflow.function
+    def nested(x):
+        return [x + 1.0, [x * x]]
+    for function, is_listed in ((listed, True), (nested, False)):
+        concrete = function.get_concrete_function(tensorflow.TensorSpec((3,), tensorflow.float32))
+        for _ in range(3):
+            x = tensorflow.constant(rng.normal(size=3).astype(np.float32))
+            made = overlap.call(concrete, [x])
+            plain = concrete(x)
+            assert type(made) is list and len(made) == 2
+            np.testing.assert_array_equal(made[0], plain[0])
+            if is_listed:
+                np.testing.assert_array_equal(made[1], plain[1])
+            else:
+                assert type(made[1]) is list
+                np.testing.assert_array_equal(made[1][0], plain[1][0])
+        assert overlap._direct[concrete].listed is is_listed
+
+
 def test_a_function_called_again_runs_as_its_plain_call_and_records_on_tapes(monkeypatch):
     """After its first call, ``overlap.call`` runs a function as the one op
     its plain call ends in (``_DirectCall``): the same structured results,
