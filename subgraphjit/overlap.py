@@ -313,7 +313,8 @@ class _DirectCall:
                      else concrete.captured_inputs)
             # A function that returns a list of tensors (each program's)
             # returns the op's outputs as they are: TensorFlow's packing
-            # of them took 16 us a call, a third of its execute.
+            # of them took 16 us of each call in a 25-tree inference
+            # (BENCHMARKS.md).
             structure = concrete.structured_outputs
             listed = (type(structure) is list and len(structure) == len(outputs)
                       and all(isinstance(item, tf.Tensor) for item in structure))
