@@ -104,6 +104,14 @@ def step(module, model, optimizer, minibatch, plain_loop, training):
     return float(loss)
 
 
+def finish(module):
+    """Wait for what subgraphjit still has queued after a pass: the last
+    backward and update (overlap.py), which are the pass's work, not the
+    next one's (and until they have run, TensorFlow's ops queue too)."""
+    if module is subgraphjit:
+        overlap.end()
+
+
 def measure(module, model, optimizer, setting, arguments, warm_up_steps, training):
     """Instances per second (wall and CPU), the warm-up's seconds and the
     stats of the timed minibatches, in one mode."""
@@ -123,6 +131,7 @@ def measure(module, model, optimizer, setting, arguments, warm_up_steps, trainin
     while True:
         for minibatch in minibatches[warm_up_steps:]:
             step(module, model, optimizer, minibatch, plain_loop, training)
+        finish(module)
         passes += 1
         seconds = time.perf_counter() - started
         # Each mode repeats its minibatches for at least MIN_SECONDS: 8
@@ -198,11 +207,7 @@ def paired_ratio(model, setting, arguments, training):
             started = time.perf_counter()
             for minibatch in minibatches:
                 step(module, model, optimizer, minibatch, plain_loop, training)
-            if module is subgraphjit:
-                # The last backward and update are still queued (overlap.py),
-                # and until they have run TensorFlow's ops queue too: they
-                # are subgraphjit's time, not the next pass's.
-                overlap.end()
+            finish(module)
             if round_number:   # (the first round warms up)
                 seconds[number] += time.perf_counter() - started
     return seconds[0] / seconds[1]
