@@ -74,8 +74,8 @@ def per_instance_system(module, make_model):
             # subgraphjit queues a minibatch's backward and update to run
             # while the next one records (overlap.py): the last ones are
             # this pass's work, so it ends when a read of a weight, which
-            # waits for them, returns.  (A minibatch of 256's took about a
-            # twentieth of a pass, which it was not charged for before.)
+            # waits for them, returns.  (At 256 they were 7% of a pass,
+            # which it was not charged for before: BENCHMARKS.md.)
             np.asarray(model.variables[-1])
 
         def infer():

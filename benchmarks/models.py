@@ -131,16 +131,16 @@ def measure(module, model, optimizer, setting, arguments, warm_up_steps, trainin
     while True:
         for minibatch in minibatches[warm_up_steps:]:
             step(module, model, optimizer, minibatch, plain_loop, training)
-        finish(module)
         passes += 1
-        seconds = time.perf_counter() - started
         # Each mode repeats its minibatches for at least MIN_SECONDS: 8
         # minibatches of a fast model took 80 ms, within this VM's
         # hiccups, and gated_tree's 8 training steps, half a second, read
         # 2.4x eager in one run and 4.7x in the next.  (Training goes on
         # training on them; inference computes the same again.)
-        if seconds >= MIN_SECONDS:
+        if time.perf_counter() - started >= MIN_SECONDS:
             break
+    finish(module)
+    seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     instances = passes * arguments.minibatches * arguments.batch_size
     return instances / seconds, instances / cpu_seconds, warm_up, subgraphjit.stats(), passes
