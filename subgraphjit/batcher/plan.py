@@ -168,7 +168,7 @@ class Program:
         hundreds of thousands of objects per large minibatch.)"""
         graph, batches = self.to_fill
         self.to_fill = None
-        _fill(graph, self, self.kind_of_type, batches)
+        _fill(graph, self, batches)
 
     def location(self, index):
         """(buffer, row) of graph node ``index``'s result (a list of them,
@@ -271,13 +271,14 @@ def read_outputs(graph, required):
                                 ACCESS)
 
 
-def _fill(graph, program, kind_of_type, batches):
+def _fill(graph, program, batches):
     """The program's steps and rows, its inputs, and every node's place
     (in C: loops over every node and operand).  A duplicate shares its
     original's place, an access node its multi-output node's output's;
     inputs' rows follow the computed ones, Python values then nodes."""
-    # What fill reads of the kinds: the same for every program of a
-    # structure (``Program.again``), so made once for them.
+    # What fill reads of the kinds and ``kind_of_type``: the same for every
+    # program of a structure (``again`` copies share ``derived``, kinds and
+    # types), so made once for them.
     described = program.derived.get(_fill)
     if described is None:
         kinds = [(tuple((position, buffer) for position, (operand_kind, buffer)
@@ -285,7 +286,7 @@ def _fill(graph, program, kind_of_type, batches):
                   tuple(kind.outputs), kind.entry.multi_output)
                  for kind in program.kinds]
         type_kinds = [-1] * len(graph.types)
-        for node_type, kind_number in kind_of_type.items():
+        for node_type, kind_number in program.kind_of_type.items():
             type_kinds[node_type] = kind_number
         described = program.derived[_fill] = kinds, type_kinds
     kinds, type_kinds = described
