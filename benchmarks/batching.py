@@ -209,6 +209,30 @@ def compute_floor(trees):
     return rate, rate / (3 * forward), rate / forward
 
 
+def print_paired(seconds, sentences):
+    """subgraphjit's defaults against each other system, round by round:
+    the two rates of one round, measured a pass apart, divided, and the
+    median of those ratios with the lowest and highest.  The table divides
+    medians, which may come from different rounds, minutes apart; a
+    round's ratio compares one minute's speeds, and the range shows how
+    far this machine moved them."""
+    if DEFAULTS not in seconds:
+        return
+    print(f"{DEFAULTS} against each system, round by round (median of the "
+          f"rounds' ratios, lowest-highest):")
+    ours = seconds[DEFAULTS]
+    for name, theirs in seconds.items():
+        if name == DEFAULTS:
+            continue
+        cells = []
+        for mode in ("train", "infer"):
+            ratios = [(sentences[DEFAULTS] / own) / (sentences[name] / other)
+                      for own, other in zip(ours[mode], theirs[mode])]
+            cells.append(f"{mode} {np.median(ratios):.2f}x "
+                         f"({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"  vs {name:<36} " + ", ".join(cells))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", type=int, default=2000)
@@ -286,8 +310,10 @@ def main():
                          for strategy, label in dynet_strategies]
         seconds = turns.take_turns(children, ("train", "infer"), arguments.passes)
         rows, eager, trials, refused = [], None, None, None
+        sentences = {}
         for child in children:
             final = child.finish()
+            sentences[child.name] = final["sentences"]
             train_rate, infer_rate = (final["sentences"]
                                       / float(np.median(seconds[child.name][mode]))
                                       for mode in ("train", "infer"))
@@ -307,6 +333,7 @@ def main():
                   + (f" {warm_up:>9.1f} {programs:>8}" if warm_up is not None else ""))
         print(f"{'compute floor':<40} {floor_train:>12.0f} {floor_train / eager[0]:>8.1f} "
               f"{floor_infer:>12.0f} {floor_infer / eager[1]:>8.1f}")
+        print_paired(seconds, sentences)
         if trials:   # what the defaults' granularity trials measured
             print("granularity trials, median us per node: " + "; ".join(
                 f"{mode} " + ", ".join(f"{unit} {seconds * 1e6:.2f}"
