@@ -406,6 +406,37 @@ operand_kind(Labels *labels, PyObject *operand)
     return kind;
 }
 
+/* The label of a NumPy or list operand (Signer._operand_label).  A flat
+ * list of Python ints (a lookup's row numbers: one per leaf of a tree) has
+ * the same label as any other of its length, so that label is cached under
+ * (list, length) beside the kinds; asking Python for it cost 2.5 us a
+ * leaf, a quarter of a 25-tree evaluation.  Anything else is asked. */
+static PyObject *
+value_label(Labels *labels, PyObject *operand)
+{
+    if (!PyList_CheckExact(operand))
+        return PyObject_CallOneArg(labels->operand_label, operand);
+    Py_ssize_t length = PyList_GET_SIZE(operand);
+    for (Py_ssize_t i = 0; i < length; i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(operand, i)))
+            return PyObject_CallOneArg(labels->operand_label, operand);
+    PyObject *key = Py_BuildValue("(On)", (PyObject *)&PyList_Type, length);
+    if (key == NULL)
+        return NULL;
+    PyObject *label = PyDict_GetItemWithError(labels->operand_kinds, key);
+    if (label != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(label);
+    }
+    if (!PyErr_Occurred()) {
+        label = PyObject_CallOneArg(labels->operand_label, operand);
+        if (label != NULL && PyDict_SetItem(labels->operand_kinds, key, label) < 0)
+            Py_CLEAR(label);
+    }
+    Py_DECREF(key);
+    return label;
+}
+
 /* -- running a program ----------------------------------------------------------- */
 
 static inline Py_ssize_t
@@ -427,8 +458,35 @@ outside(Labels *labels, Node *node)
     return node->consumers > 1 || idset_contains(&labels->required, node->id);
 }
 
+/* Is operand ``position`` of ``node``, a list or tuple, the row numbers
+ * of a lookup (signature.py, ``looked_up_rows``)?  1, 0, or -1 on error.
+ * (Asked only of lists and tuples: rare among the nodes a match meets.) */
+static int
+looked_up_rows(Node *node, Py_ssize_t position)
+{
+    PyObject *positions = PyObject_GetAttrString(node->entry, "index_positions");
+    if (positions == NULL)
+        return -1;
+    PyObject *number = PyLong_FromSsize_t(position);
+    int found = number == NULL ? -1 : PySequence_Contains(positions, number);
+    Py_XDECREF(number);
+    Py_DECREF(positions);
+    if (found <= 0)
+        return found;
+    static PyObject *name;   /* "looks_up_rows", made once */
+    if (name == NULL && (name = PyUnicode_InternFromString("looks_up_rows")) == NULL)
+        return -1;
+    PyObject *rows = PyObject_CallMethodOneArg(node->entry, name, node->attrs);
+    if (rows == NULL)
+        return -1;
+    int looks = PyObject_IsTrue(rows);
+    Py_DECREF(rows);
+    return looks;
+}
+
 /* ``has_value_operand(node)`` (signature.py): is an operand a NumPy or
- * list value, whose label kind is "value"?  Kinds are cached by type. */
+ * list value, whose label kind is "value", other than a lookup's row
+ * numbers?  Kinds are cached by type. */
 static int
 has_value_operand(Labels *labels, Node *node)
 {
@@ -437,6 +495,13 @@ has_value_operand(Labels *labels, Node *node)
         if (is_node(operand) || PyLong_CheckExact(operand)
                 || PyFloat_CheckExact(operand) || PyBool_Check(operand))
             continue;
+        if (PyList_CheckExact(operand) || PyTuple_CheckExact(operand)) {
+            int rows = looked_up_rows(node, i);
+            if (rows < 0)
+                return -1;
+            if (rows)
+                continue;
+        }
         Py_INCREF(operand);  /* the kind's callback may replace the inputs */
         int value = equal(operand_kind(labels, operand), str_value);
         Py_DECREF(operand);
@@ -605,8 +670,7 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
                 same = PyObject_RichCompareBool(operand, in->label, Py_EQ);
             }
             else {
-                same = equal(PyObject_CallOneArg(labels->operand_label, operand),
-                             in->label);
+                same = equal(value_label(labels, operand), in->label);
             }
             if (same <= 0)
                 return same;

@@ -244,8 +244,8 @@ def reference_fuse(search, pattern_nodes, required, reached, swallowed):
 
 def reference_latest_producer(node):
     latest = None
-    for operand in node.inputs:
-        if operand.entry is ACCESS and operand.inputs:
+    for operand in node.inputs:   # (a lookup's row numbers may be a list)
+        if type(operand) is VirtualNode and operand.entry is ACCESS and operand.inputs:
             source = operand.inputs[0]
             entry = source.entry
             if entry.family == "pattern" and entry.multi_output \
@@ -259,7 +259,8 @@ def reference_wiring(consumer, producer):
     arguments = producer.inputs
     wiring, extras = [], []
     for operand in consumer.inputs:
-        if operand.entry is ACCESS and operand.inputs and operand.inputs[0] is producer:
+        if type(operand) is VirtualNode and operand.entry is ACCESS and operand.inputs \
+                and operand.inputs[0] is producer:
             wiring.append(("output", operand.attrs[0]))
             continue
         for place, argument in enumerate(arguments):
@@ -267,7 +268,8 @@ def reference_wiring(consumer, producer):
                 wiring.append(("argument", place))
                 break
         else:
-            if not (operand.evaluated or reference_feeds(operand, producer)):
+            if type(operand) is VirtualNode and not (
+                    operand.evaluated or reference_feeds(operand, producer)):
                 return None, None
             wiring.append(("argument", len(arguments) + len(extras)))
             extras.append(operand)
@@ -275,7 +277,8 @@ def reference_wiring(consumer, producer):
 
 
 def reference_feeds(node, producer, budget=64):
-    stack = [operand for operand in producer.inputs if operand.id > node.id]
+    stack = [operand for operand in producer.inputs
+             if type(operand) is VirtualNode and operand.id > node.id]
     seen = set()
     while stack and budget:
         budget -= 1

@@ -951,16 +951,19 @@ def test_a_variable_changed_before_the_gradient_gives_eagers_gradient(compiled, 
     assert tf.stats()["program_runs"] >= 1
 
 
-def _looked_up_products(seed):
+def _looked_up_products(seed, rows=list):
     """A generator, a table, a weight, and ``outputs(module, instances)``:
-    tanh of each instance's rows of the table times the weight (a lookup
-    and a pattern: a program of two kinds)."""
+    tanh of each instance's rows of the table times the weight.  The rows
+    are given as ``rows`` makes them: a list joins the lookup to the
+    pattern that reads it (a program of one kind: signature.looked_up_rows);
+    a NumPy array keeps the lookup a kind of its own (a program of two)."""
     rng = np.random.default_rng(seed)
     table = tensorflow.Variable(rng.normal(size=(6, 3)).astype(np.float32))
     weight = tensorflow.Variable(rng.normal(size=(3, 3)).astype(np.float32))
 
     def outputs(module, instances):
-        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, ids), weight))
+        return [module.tanh(module.matmul(module.nn.embedding_lookup(table, rows(ids)),
+                                          weight))
                 for ids, _, _ in instances]
     return rng, table, weight, outputs
 
@@ -986,8 +989,27 @@ def test_a_cached_program_shares_repeated_lookups_in_inference(compiled, seed):
         instances += instances[:2]   # (two instances again: repeats for sure)
         _infer_as_eager(outputs, instances)
     stats = tf.stats()
-    # Each repeated instance: at least its lookup and its pattern skipped.
-    assert stats["program_runs"] >= 3 and stats["duplicates_skipped"] >= 4 * 2 * 2, stats
+    # Each repeated instance: at least its pattern (its lookup inside) skipped.
+    assert stats["program_runs"] >= 3 and stats["duplicates_skipped"] >= 4 * 2, stats
+
+
+def test_a_lookup_by_a_list_of_rows_runs_inside_its_pattern(compiled):
+    """A lookup whose rows are a Python list (``embedding_lookup(table,
+    [i, j])``, a tree's leaf) is part of the pattern that reads it, the
+    list one of the pattern's arguments: a compiled program of one kind,
+    whose values and gradients (the table's an IndexedSlices) are eager
+    TensorFlow's, in inference and in training, on new minibatches."""
+    rng, table, weight, outputs = _looked_up_products(53)
+    for _ in range(3):
+        _infer_as_eager(outputs, _random_ids(rng, 4))
+        _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])
+    # (The first minibatch, which collects the patterns, runs ops.)
+    patterned = [compiled_program for compiled_program in _compiled_programs()
+                 if any(kind.entry.node_kind == "pattern" for kind in compiled_program.kinds)]
+    assert patterned
+    for compiled_program in patterned:
+        assert len(compiled_program.kinds) == 1
+        assert "tf.nn.embedding_lookup" in compiled_program.kinds[0].entry.pattern.source
 
 
 def test_a_program_traces_the_modes_it_runs(compiled):
@@ -1060,10 +1082,10 @@ def test_a_programs_step_functions_run_on_the_single_threaded_executor(compiled)
 
 
 def _traced_program_nodes(seed):
-    """Lookups and products run compiled in each mode (results checked
-    against eager's): per function each mode traced, (mode, every node of
+    """Lookups and products (two kinds) run compiled in each mode (results
+    checked against eager's): per function each mode traced, (mode, every node of
     its graph and of the functions it calls)."""
-    rng, table, weight, outputs = _looked_up_products(seed)
+    rng, table, weight, outputs = _looked_up_products(seed, rows=np.asarray)
     for _ in range(2):
         _infer_as_eager(outputs, _random_ids(rng, 4))
         _assert_as_eager(outputs, _random_ids(rng, 4), [table, weight])

@@ -128,3 +128,26 @@ def test_memoized_walks_equal_fresh_walks(weights):
         assert a.signature == b.signature
         assert [id(i) for i in a.inputs] == [id(i) for i in b.inputs]
         assert [n.id for n in a.nodes] == [n.id for n in b.nodes]
+
+
+def test_a_lookups_list_of_rows_is_a_pattern_argument_other_values_stop_walks(weights):
+    """A lookup by a Python list of rows (a tree's leaf) may be inside a
+    pattern, the list an argument of it; a lookup by a NumPy array, a
+    loss's list of labels and a NumPy scalar keep their nodes out
+    (``has_value_operand``)."""
+    table = weights[0]
+    by_list = tf.nn.embedding_lookup(table, [2, 0])
+    by_array = tf.nn.embedding_lookup(table, np.array([2, 0]))
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=[1], logits=leaf(1, 3))
+    scaled = tf.multiply(leaf(1, 3), np.float32(2))
+    assert not signatures.has_value_operand(by_list)
+    assert signatures.has_value_operand(by_array)
+    assert signatures.has_value_operand(loss)
+    assert signatures.has_value_operand(scaled)
+    # (By identity: a node's == is TensorFlow's, element by element.)
+    walk = Signer(for_patterns=True).walk(tf.matmul(by_list, weights[1]), 3)
+    assert any(node is by_list for node in walk.nodes)
+    assert any(value is by_list.inputs[1] for value in walk.inputs)
+    stopped = Signer(for_patterns=True).walk(tf.matmul(by_array, weights[1]), 3)
+    assert not any(node is by_array for node in stopped.nodes)
+    assert any(value is by_array for value in stopped.inputs)

@@ -67,7 +67,10 @@ class _Compiled:
     stacked arguments; raises NoRule if some op has no batch rule)."""
 
     def call(self, values, attrs=()):
-        """The pattern on one instance's arguments."""
+        """The pattern on one instance's arguments.  (A lookup's row numbers
+        may come as a list: ``signature.looked_up_rows``.)"""
+        values = [value if hasattr(value, "dtype") else tf.convert_to_tensor(value)
+                  for value in values]
         key = tuple(_spec_key(value) for value in values)
         compiled = self._compiled.get(key)
         if compiled is None:
@@ -417,6 +420,9 @@ def _steps(key, example_inputs):
         position, value = next(inputs)
         if kind == "input":
             trail.append(name)
+            arguments.append(name)
+            positions.append(position)
+        elif kind == "value":
             arguments.append(name)
             positions.append(position)
         elif kind in ("parameter", "tensor"):

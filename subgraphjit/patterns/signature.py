@@ -353,11 +353,22 @@ def _operand_check(register, position, label):
 
 def has_value_operand(node):
     """Is an operand of ``node`` a NumPy or list value (not a node, tensor,
-    variable or Python number)?"""
-    for operand in node.inputs:
-        if classify_operand(operand) in (NUMPY_SCALAR, VALUE):
+    variable or Python number), other than a lookup's row numbers?"""
+    for position, operand in enumerate(node.inputs):
+        if classify_operand(operand) in (NUMPY_SCALAR, VALUE) \
+                and not looked_up_rows(node, position, operand):
             return True
     return False
+
+
+def looked_up_rows(node, position, operand):
+    """Is ``operand``, operand ``position`` of ``node``, a list or tuple of
+    the rows a lookup reads (``tf.nn.embedding_lookup(table, [word])``)?
+    Such a node may be inside a pattern, the list an argument of it, as a
+    node's output would be: the Tree-LSTM's leaves each ran as two nodes
+    and two steps (the lookup's, then the cell's) before."""
+    return (type(operand) in (list, tuple) and position in node.entry.index_positions
+            and node.entry.looks_up_rows(node.attrs))
 
 
 _NUMBER_TYPES = {kind.__name__: kind for kind in (int, float, bool)}
