@@ -27,6 +27,9 @@
  *       exactly ``type`` equal to ``value``: an input
  *   ("label", r, position, label)        ... is no node, with this operand
  *                                         label (asked of Python): an input
+ *   ("rows", r, position, table, label)  ... is a list or tuple of Python
+ *       ints, each a row of operand ``table`` (a lookup's row numbers,
+ *       signature.looked_up_rows), with this operand label: an input
  *   ("node", r)                          node r is one of the subgraph's
  *   ("unseen", r)                        node r is no input met before
  *   ("input", r, access, deep, label)    node r is an input of the subgraph
@@ -47,7 +50,7 @@
 
 /* -- MatchProgram -------------------------------------------------------------- */
 
-enum { OP, CHILD, IDENTITY, CONSTANT, LABEL, NODE, UNSEEN, INPUT, OUTPUT,
+enum { OP, CHILD, IDENTITY, CONSTANT, LABEL, ROWS, NODE, UNSEEN, INPUT, OUTPUT,
        SAME, FAIL };
 
 static const struct {
@@ -55,7 +58,7 @@ static const struct {
     Py_ssize_t size;    /* the instruction tuple's length */
 } opcodes[] = {
     [OP] = {"op", 8}, [CHILD] = {"child", 4}, [IDENTITY] = {"identity", 5},
-    [CONSTANT] = {"constant", 5}, [LABEL] = {"label", 4}, [NODE] = {"node", 2},
+    [CONSTANT] = {"constant", 5}, [LABEL] = {"label", 4}, [ROWS] = {"rows", 5}, [NODE] = {"node", 2},
     [UNSEEN] = {"unseen", 2}, [INPUT] = {"input", 5}, [OUTPUT] = {"output", 6},
     [SAME] = {"same", 3}, [FAIL] = {"fail", 1},
 };
@@ -80,6 +83,10 @@ typedef struct {
      * comparison run once per spec and call.  Held (specs are few). */
     PyObject *known_spec;
     unsigned long long known_call;
+    /* rows: the table last read (held, so that its address stays its
+     * own) and its number of rows, -1 if unknown. */
+    PyObject *table;
+    Py_ssize_t table_rows;
 } Instruction;
 
 /* Numbers the replace and match calls (for Instruction.known_spec). */
@@ -105,6 +112,7 @@ program_dealloc(PyObject *self)
         Py_XDECREF(in->types);
         Py_XDECREF(in->label);
         Py_XDECREF(in->known_spec);
+        Py_XDECREF(in->table);
     }
     PyMem_Free(program->code);
     type->tp_free(self);
@@ -227,6 +235,12 @@ read_instruction(PyObject *item, Py_ssize_t k, Py_ssize_t *registers,
         else {
             in->label = Py_NewRef(b);
         }
+        return 0;
+    case ROWS:
+        if (read_index(item, 2, PY_SSIZE_T_MAX, k, &in->number) < 0
+                || read_index(item, 3, PY_SSIZE_T_MAX, k, &in->target) < 0)
+            return -1;
+        in->label = Py_NewRef(c);
         return 0;
     case NODE:
     case UNSEEN:
@@ -458,9 +472,48 @@ outside(Labels *labels, Node *node)
     return node->consumers > 1 || idset_contains(&labels->required, node->id);
 }
 
-/* Is operand ``position`` of ``node``, a list or tuple, the row numbers
- * of a lookup (signature.py, ``looked_up_rows``)?  1, 0, or -1 on error.
- * (Asked only of lists and tuples: rare among the nodes a match meets.) */
+/* The number of rows of a lookup's ``table`` (signature.table_rows): the
+ * first dimension of its shape (a node's spec's), -1 if unknown. */
+static Py_ssize_t
+rows_of(PyObject *table)
+{
+    PyObject *holder = is_node(table) ? ((Node *)table)->spec : table;
+    if (holder == NULL)
+        return -1;
+    PyObject *shape = PyObject_GetAttrString(holder, "shape");
+    PyObject *first = shape == NULL ? NULL : PySequence_GetItem(shape, 0);
+    Py_XDECREF(shape);
+    Py_ssize_t rows = first != NULL && PyLong_CheckExact(first) ? PyLong_AsSsize_t(first) : -1;
+    Py_XDECREF(first);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        rows = -1;
+    }
+    return rows;
+}
+
+/* Is ``operand`` a list or tuple of Python ints, each in [0, rows)? */
+static int
+rows_within(PyObject *operand, Py_ssize_t rows)
+{
+    if (rows < 0 || !(PyList_CheckExact(operand) || PyTuple_CheckExact(operand)))
+        return 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(operand);
+    PyObject **items = PySequence_Fast_ITEMS(operand);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int overflow = 0;
+        long long row = PyLong_CheckExact(items[i])
+            ? PyLong_AsLongLongAndOverflow(items[i], &overflow) : -1;
+        if (overflow || row < 0 || row >= rows)
+            return 0;
+    }
+    return 1;
+}
+
+/* Is operand ``position`` of ``node``, a list or tuple, the rows a lookup
+ * reads, each in its table (signature.looked_up_rows)?  1, 0, or -1 on
+ * error.  (Asked only of lists and tuples at a walk's possible stops:
+ * rare; a template's lookups are checked by the "rows" instruction.) */
 static int
 looked_up_rows(Node *node, Py_ssize_t position)
 {
@@ -476,12 +529,19 @@ looked_up_rows(Node *node, Py_ssize_t position)
     static PyObject *name;   /* "looks_up_rows", made once */
     if (name == NULL && (name = PyUnicode_InternFromString("looks_up_rows")) == NULL)
         return -1;
-    PyObject *rows = PyObject_CallMethodOneArg(node->entry, name, node->attrs);
-    if (rows == NULL)
+    PyObject *looks = PyObject_CallMethodOneArg(node->entry, name, node->attrs);
+    int lookup = looks == NULL ? -1 : PyObject_IsTrue(looks);
+    Py_XDECREF(looks);
+    if (lookup <= 0)
+        return lookup;
+    PyObject *from = PyObject_GetAttrString(node->entry, "gathers_from");
+    Py_ssize_t table = from != NULL && PyLong_Check(from) ? PyLong_AsSsize_t(from) : -1;
+    Py_XDECREF(from);
+    if (PyErr_Occurred())
         return -1;
-    int looks = PyObject_IsTrue(rows);
-    Py_DECREF(rows);
-    return looks;
+    if (table < 0 || table >= node->input_count)
+        return 0;
+    return rows_within(node_input(node, position), rows_of(node_input(node, table)));
 }
 
 /* ``has_value_operand(node)`` (signature.py): is an operand a NumPy or
@@ -672,6 +732,30 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
             else {
                 same = equal(value_label(labels, operand), in->label);
             }
+            if (same <= 0)
+                return same;
+            run->inputs[run->input_count++] = operand;
+            break;
+        }
+        case ROWS: {
+            PyObject *operand = operand_at(node, in->number);
+            PyObject *table = operand_at(node, in->target);
+            if (operand == NULL || table == NULL || is_node(operand))
+                return 0;
+            hold(run, operand);
+            Py_ssize_t rows;
+            if (is_node(table))   /* (not kept: it would keep its graph) */
+                rows = rows_of(table);
+            else {
+                if (table != in->table) {   /* (a template's: one variable) */
+                    Py_XSETREF(in->table, Py_NewRef(table));
+                    in->table_rows = rows_of(table);
+                }
+                rows = in->table_rows;
+            }
+            if (!rows_within(operand, rows))
+                return 0;
+            same = equal(value_label(labels, operand), in->label);
             if (same <= 0)
                 return same;
             run->inputs[run->input_count++] = operand;

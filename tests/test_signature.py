@@ -132,11 +132,15 @@ def test_memoized_walks_equal_fresh_walks(weights):
 
 def test_a_lookups_list_of_rows_is_a_pattern_argument_other_values_stop_walks(weights):
     """A lookup by a Python list of rows (a tree's leaf) may be inside a
-    pattern, the list an argument of it; a lookup by a NumPy array, a
-    loss's list of labels and a NumPy scalar keep their nodes out
+    pattern, the list an argument of it; a lookup by a NumPy array or by a
+    row out of the table (whose error must name its own line), a loss's
+    list of labels and a NumPy scalar keep their nodes out
     (``has_value_operand``)."""
-    table = weights[0]
+    table = weights[0]   # (3 rows)
     by_list = tf.nn.embedding_lookup(table, [2, 0])
+    # (Of by_list's spec: recorded without running the op on stand-ins.)
+    assert signatures.has_value_operand(tf.nn.embedding_lookup(table, [2, 3]))
+    assert signatures.has_value_operand(tf.nn.embedding_lookup(table, [-1, 0]))
     by_array = tf.nn.embedding_lookup(table, np.array([2, 0]))
     loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=[1], logits=leaf(1, 3))
     scaled = tf.multiply(leaf(1, 3), np.float32(2))

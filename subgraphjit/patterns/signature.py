@@ -324,7 +324,7 @@ def _match_program(template, depth):
                          t.spec_label))
             for position, child in enumerate(t.children):
                 if child.kind in _OPERAND_KINDS:  # not a recorded node
-                    code.append(_operand_check(register, position, child.label))
+                    code.append(_operand_check(register, position, child.label, t))
                 else:
                     operand = next(registers)
                     code.append(("child", register, position, operand))
@@ -338,16 +338,21 @@ def _match_program(template, depth):
     return _native.MatchProgram(tuple(code))
 
 
-def _operand_check(register, position, label):
+def _operand_check(register, position, label, op):
     """The check of an operand that is no node against its label (see
-    ``Signer._operand_label``): a shared parameter or tensor is that very
-    object, a Python number that value of that exact type; a NumPy or list
-    value's label is asked for."""
+    ``Signer._operand_label``), operand ``position`` of the ``op``
+    template's node: a shared parameter or tensor is that very object, a
+    Python number that value of that exact type; a NumPy or list value's
+    label is asked for, and a lookup's list of rows must be rows of its
+    table (``looked_up_rows``)."""
     kind = label[0]
     if kind in ("parameter", "tensor"):
         return ("identity", register, position, kind, label[1])
     if kind == "constant":
         return ("constant", register, position, _NUMBER_TYPES[label[1]], label[2])
+    entry = op.detail
+    if position in entry.index_positions and entry.looks_up_rows(op.attrs):
+        return ("rows", register, position, entry.gathers_from, label)
     return ("label", register, position, label)
 
 
@@ -363,12 +368,30 @@ def has_value_operand(node):
 
 def looked_up_rows(node, position, operand):
     """Is ``operand``, operand ``position`` of ``node``, a list or tuple of
-    the rows a lookup reads (``tf.nn.embedding_lookup(table, [word])``)?
-    Such a node may be inside a pattern, the list an argument of it, as a
-    node's output would be: the Tree-LSTM's leaves each ran as two nodes
-    and two steps (the lookup's, then the cell's) before."""
-    return (type(operand) in (list, tuple) and position in node.entry.index_positions
-            and node.entry.looks_up_rows(node.attrs))
+    the rows a lookup reads (``tf.nn.embedding_lookup(table, [word])``),
+    each a row of its table?  Such a node may be inside a pattern, the
+    list an argument of it, as a node's output would be: the Tree-LSTM's
+    leaves each ran as two nodes and two steps (the lookup's, then the
+    cell's) before.  A row out of its table's range keeps the lookup a
+    node of its own, so that TensorFlow's error names the lookup's line,
+    not the pattern's.  (native/match.c's "rows" check is the same.)"""
+    entry = node.entry
+    if type(operand) not in (list, tuple) or position not in entry.index_positions \
+            or not entry.looks_up_rows(node.attrs):
+        return False
+    rows = table_rows(node.inputs[entry.gathers_from])
+    return rows is not None and all(type(row) is int and 0 <= row < rows for row in operand)
+
+
+def table_rows(table):
+    """The number of rows of a lookup's table (a node's, by its spec), or
+    None if unknown."""
+    holder = table.spec if type(table) is VirtualNode else table
+    try:
+        first = holder.shape[0]
+    except (AttributeError, TypeError, IndexError):
+        return None
+    return first if type(first) is int else None
 
 
 _NUMBER_TYPES = {kind.__name__: kind for kind in (int, float, bool)}
