@@ -84,9 +84,15 @@ typedef struct {
     PyObject *known_spec;
     unsigned long long known_call;
     /* rows: the table last read (held, so that its address stays its
-     * own) and its number of rows, -1 if unknown. */
+     * own) and its number of rows, -1 if unknown; and the length of list
+     * last compared with the label, plus one (0: none yet), and whether
+     * it was equal.  A list of Python ints has the same label as any other
+     * of its length (Signer._operand_label): asking Python for it cost
+     * 2.5 us a leaf, a quarter of a 25-tree evaluation. */
     PyObject *table;
     Py_ssize_t table_rows;
+    Py_ssize_t known_length;
+    int length_same;
 } Instruction;
 
 /* Numbers the replace and match calls (for Instruction.known_spec). */
@@ -420,37 +426,6 @@ operand_kind(Labels *labels, PyObject *operand)
     return kind;
 }
 
-/* The label of a NumPy or list operand (Signer._operand_label).  A flat
- * list of Python ints (a lookup's row numbers: one per leaf of a tree) has
- * the same label as any other of its length, so that label is cached under
- * (list, length) beside the kinds; asking Python for it cost 2.5 us a
- * leaf, a quarter of a 25-tree evaluation.  Anything else is asked. */
-static PyObject *
-value_label(Labels *labels, PyObject *operand)
-{
-    if (!PyList_CheckExact(operand))
-        return PyObject_CallOneArg(labels->operand_label, operand);
-    Py_ssize_t length = PyList_GET_SIZE(operand);
-    for (Py_ssize_t i = 0; i < length; i++)
-        if (!PyLong_CheckExact(PyList_GET_ITEM(operand, i)))
-            return PyObject_CallOneArg(labels->operand_label, operand);
-    PyObject *key = Py_BuildValue("(On)", (PyObject *)&PyList_Type, length);
-    if (key == NULL)
-        return NULL;
-    PyObject *label = PyDict_GetItemWithError(labels->operand_kinds, key);
-    if (label != NULL) {
-        Py_DECREF(key);
-        return Py_NewRef(label);
-    }
-    if (!PyErr_Occurred()) {
-        label = PyObject_CallOneArg(labels->operand_label, operand);
-        if (label != NULL && PyDict_SetItem(labels->operand_kinds, key, label) < 0)
-            Py_CLEAR(label);
-    }
-    Py_DECREF(key);
-    return label;
-}
-
 /* -- running a program ----------------------------------------------------------- */
 
 static inline Py_ssize_t
@@ -730,7 +705,8 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
                 same = PyObject_RichCompareBool(operand, in->label, Py_EQ);
             }
             else {
-                same = equal(value_label(labels, operand), in->label);
+                same = equal(PyObject_CallOneArg(labels->operand_label, operand),
+                             in->label);
             }
             if (same <= 0)
                 return same;
@@ -755,9 +731,17 @@ run_program(MatchProgram *program, Node *root, Labels *labels, Run *run)
             }
             if (!rows_within(operand, rows))
                 return 0;
-            same = equal(value_label(labels, operand), in->label);
-            if (same <= 0)
-                return same;
+            Py_ssize_t length = PySequence_Fast_GET_SIZE(operand);
+            if (in->known_length != length + 1) {
+                same = equal(PyObject_CallOneArg(labels->operand_label, operand),
+                             in->label);
+                if (same < 0)
+                    return same;
+                in->known_length = length + 1;
+                in->length_same = same;
+            }
+            if (!in->length_same)
+                return 0;
             run->inputs[run->input_count++] = operand;
             break;
         }
