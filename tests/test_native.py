@@ -304,6 +304,24 @@ def test_variables_and_python_numbers_give_their_own_specs():
                       type(constant(1)))
 
 
+def test_a_variable_freed_gives_its_address_no_stale_spec():
+    """The recorder keeps variables' specs by address: a variable freed and
+    another made, perhaps at the same address, gets its own spec, and the
+    cache keeps none of them alive."""
+    x = constant(1, 3)
+    rng = np.random.default_rng(0)
+    for width in rng.integers(1, 9, 60):
+        weight = tensorflow.Variable(np.ones((3, width), np.float32))
+        probe = weakref.ref(weight)
+        assert tf.matmul(x, weight).shape == (1, width)
+        assert tf.matmul(x, weight).shape == (1, width)   # (from the cache)
+        del weight
+        gc.collect()
+        assert probe() is None
+    wide = tensorflow.Variable(np.ones((3, 2), np.float64))
+    assert tf.matmul(tf.cast(x, tf.float64), wide).dtype == tf.float64
+
+
 def test_lists_of_ints_give_the_spec_spec_of_foreign_gives():
     """Lists of Python ints take a native fast path (a spec by length);
     other lists, and ints beyond int64, take spec_of_foreign's."""
