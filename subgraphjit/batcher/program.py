@@ -442,9 +442,7 @@ class _Compiled:
         keeps its products and lookups, and the backward; for inference,
         a forward that keeps nothing.  A mode is traced once it is needed:
         the inference program of a model rarely runs a backward."""
-        steps = [tf.TensorSpec((None, self.width), tf.int32),
-                 tf.TensorSpec((None,), tf.int32)]
-        sizes = [tf.TensorSpec((len(self.buffers),), tf.int32)]
+        packed = [tf.TensorSpec((None,), tf.int32)]   # the steps and rows: _packed
         rows = [tf.TensorSpec((None, *shape), dtype) for dtype, shape in self.buffers]
         given = [tf.TensorSpec(self.shared.values[number].shape,
                                dtype_of(self.shared.values[number])) for number in self.given]
@@ -453,14 +451,14 @@ class _Compiled:
         if not training:
             self.inference = tf.function(
                 lambda *arguments: self._forward(arguments, keep=False), autograph=False,
-                input_signature=steps + sizes + rows + forward_given).get_concrete_function()
+                input_signature=packed + rows + forward_given).get_concrete_function()
             return
         adjoints = [rows[b] for b in self.trainable]
         lists = [tf.TensorSpec((), tf.variant)] * len(self.product_dtypes)
         self.forward = tf.function(
             lambda *arguments: self._forward(arguments, keep=True), autograph=False,
-            input_signature=steps + sizes + rows + forward_given).get_concrete_function()
-        self.backward_signature = steps + sizes + rows + given + adjoints + lists
+            input_signature=packed + rows + forward_given).get_concrete_function()
+        self.backward_signature = packed + rows + given + adjoints + lists
         self.backwards = {}
         self.backward_for(True)   # (the other when a call first needs it)
 
@@ -503,12 +501,11 @@ class _Compiled:
         step; then, with ``keep``, the lists of the steps' products and
         lookups (``_keep``) and the values read of ``read_inside``, which
         the backward is given."""
-        table, rows, sizes = arguments[:3]
+        steps, table, rows, sizes, ends = self._unpacked(arguments[0])
         count = len(self.buffers)
-        inputs = arguments[3:3 + count]
-        shared = self._with_tables(arguments[3 + count:], forward=True)
+        inputs = arguments[1:1 + count]
+        shared = self._with_tables(arguments[1 + count:], forward=True)
         for b, (dtype, shape) in enumerate(self.buffers):
-            given = tf.shape(inputs[b])[0]
             # The last call's scatters left the variable in copy-on-read
             # mode, where this assign would copy the new buffer and the
             # read at the end copy it again (3 of a 256-tree forward's 48
@@ -516,10 +513,9 @@ class _Compiled:
             # shares it.  (The buffer the last read shares stays its own.)
             tf.raw_ops.DisableCopyOnRead(resource=self.values[b].handle)
             self.values[b].assign(tf.raw_ops.Empty(
-                shape=tf.concat([[sizes[b] + given], tf.constant(shape, tf.int32)], 0),
-                dtype=dtype, init=False))
+                shape=tf.stack([ends[b], *shape]), dtype=dtype, init=False))
             self.values[b].scatter_update(tf.IndexedSlices(
-                inputs[b], tf.range(sizes[b], sizes[b] + given)))
+                inputs[b], tf.range(sizes[b], ends[b])))
 
         def step(s, *lists):
             info = tf.unstack(tf.gather(table, s), num=self.width)
@@ -543,7 +539,6 @@ class _Compiled:
                 return run
             return self._switch(info[0], branch)
 
-        steps = tf.shape(table)[0]
         lists = [tf.raw_ops.TensorListReserve(element_shape=-1,
                                               num_elements=steps * KEPT_PRODUCTS,
                                               element_dtype=dtype)
@@ -746,12 +741,12 @@ class _Compiled:
         forward's final buffers (whose rows the steps read: another forward
         may have run since), each trainable buffer's upstream gradient and
         the forward's lists of products; ``distinct``: as ``backward_for``."""
-        table, rows, sizes = arguments[:3]
+        steps, table, rows, sizes, ends = self._unpacked(arguments[0])
         count, given_count = len(self.buffers), len(self.given)
-        buffers = arguments[3:3 + count]
-        shared = self._with_tables(arguments[3 + count:3 + count + given_count])
-        upstreams = arguments[3 + count + given_count:][:len(self.trainable)]
-        lists = arguments[3 + count + given_count + len(self.trainable):]
+        buffers = arguments[1:1 + count]
+        shared = self._with_tables(arguments[1 + count:1 + count + given_count])
+        upstreams = arguments[1 + count + given_count:][:len(self.trainable)]
+        lists = arguments[1 + count + given_count + len(self.trainable):]
         trace = _Trace(rows, buffers, shared, lists, {
             kept.shared: tf.transpose(shared[kept.shared])
             for kept in self.kept.values()
@@ -783,7 +778,6 @@ class _Compiled:
         sites = trace.sites
         weights = [_empty_list(shared[kept.shared].dtype, (size,))
                    for kept in sites.values() for size in (kept.inner, kept.shape[-1])]
-        steps = tf.shape(table)[0]
 
         def step(k, entries, weights):
             s = steps - 1 - k   # (once here, not again in each branch)
@@ -819,9 +813,8 @@ class _Compiled:
                                   shared[number].shape[1:]),
                     _concatenated(entries[2 * place + 1], tf.int32, ()))
             # (The input rows alone: a read of the whole buffer copies it.)
-            inputs = [self.adjoints[b].sparse_read(tf.range(
-                sizes[b], tf.shape(buffers[b], out_type=tf.int32)[0]))
-                for b in self.trainable]
+            inputs = [self.adjoints[b].sparse_read(tf.range(sizes[b], ends[b]))
+                      for b in self.trainable]
         return inputs, gradients
 
     def _step_gradient(self, kind_number, info, k, s, trace, entries, weights, distinct):
@@ -908,6 +901,18 @@ class _Compiled:
         # (A branch must return something.)
         return entries + weights if entries or weights else [k]
 
+    def _unpacked(self, packed):
+        """From the one vector a call is given (``_packed``): the number of
+        steps, the step table, the rows, and per buffer the number of its computed rows (where its
+        inputs' rows start) and of all its rows, each a scalar.  A handful
+        of ops per call, and none per buffer: an op outside the loop costs
+        a microsecond or two at each call."""
+        count = len(self.buffers)
+        head = tf.unstack(packed[:_HEAD + 2 * count], num=_HEAD + 2 * count)
+        table, rows = tf.split(packed[_HEAD + 2 * count:], packed[1:_HEAD], num=2)
+        return (head[0], tf.reshape(table, [-1, self.width]), rows,
+                head[_HEAD:_HEAD + count], head[_HEAD + count:])
+
     # -- one call --------------------------------------------------------------
     def arguments(self, program):
         """The call's arguments but the variables' values: the step table
@@ -916,8 +921,7 @@ class _Compiled:
         whose ids are in the key; tensors this minibatch's own, of which
         the key says only dtype and shape).  Made before the queue is
         waited for, in training (execute.py)."""
-        arrays = [overlap.host_tensor(program.steps), overlap.host_tensor(program.rows),
-                  overlap.host_tensor(np.array(program.computed, np.int32))]
+        arrays = [overlap.host_tensor(_packed(program))]
         inputs = [self._inputs(program, b) for b in range(len(self.buffers))]
         shared = program.derived.get(_Shared)
         if shared is None:
@@ -1030,6 +1034,25 @@ class _Compiled:
         if not parts:
             return self.no_rows[buffer]
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
+# A call's vector (``_packed``) starts with the sizes of its table and rows.
+_HEAD = 3
+
+
+def _packed(program):
+    """A program's step table and rows, and per buffer the number of its
+    computed rows and of all its rows (with its inputs'), as one int32
+    vector: one tensor made per call, not three (each took 20-40 us in a
+    25-tree inference, where TensorFlow's code runs cold: BENCHMARKS.md).
+    It starts with the step count and the table's and rows' lengths."""
+    ends = [computed + len(values) + len(nodes) for computed, values, nodes
+            in zip(program.computed, program.input_values, program.input_nodes)]
+    table = program.steps.reshape(-1)
+    return np.concatenate([
+        np.array([len(program.steps), len(table), len(program.rows),
+                  *program.computed, *ends], np.int32),
+        table, program.rows])
 
 
 def _loop(condition, body, loop_vars):
