@@ -499,29 +499,22 @@ site_at(PyObject *code, int offset)
     return site;
 }
 
-/* The site of ``f`` (borrowed). */
+/* The site of the running Python frame (``above`` 0: for a C function the
+ * user's line called, a Recorder or an operator) or of the one above it (1:
+ * the generated wrapper's caller), or None where there is none. */
 static PyObject *
-site_of_frame(PyFrameObject *f)
-{
-    PyObject *code = (PyObject *)PyFrame_GetCode(f);
-    PyObject *site = site_at(code, PyFrame_GetLasti(f));
-    Py_DECREF(code);
-    return site;
-}
-
-/* The site of the frame above record's caller (the generated wrapper's
- * caller: the user's line), or None where there is none. */
-static PyObject *
-current_site(void)
+current_site(int above)
 {
 #ifdef SITES_FROM_INTERPRETER_FRAMES
-    /* The frame sys._getframe(1) would give (the previous complete one),
-     * read in place: no call, and no frame object made for the user's
-     * frame.  Through sys._getframe, an op recorded from a frame of its
-     * own took 250 ns against 180, and the Tree-LSTM's recording 4-8%
-     * longer (BENCHMARKS.md). */
+    /* The frame sys._getframe(above) would give (the previous complete
+     * one), read in place: no call, and no frame object made for the
+     * user's frame.  Through sys._getframe, an op recorded from a frame of
+     * its own took 250 ns against 180, and the Tree-LSTM's recording 4-8%
+     * longer; through PyEval_GetFrame (a frame object made for each user
+     * frame), a Recorder's or an operator's site took 2-3% of recording
+     * it (BENCHMARKS.md). */
     _PyInterpreterFrame *frame = PyThreadState_Get()->cframe->current_frame;
-    if (frame != NULL) {
+    for (int up = 0; up < above && frame != NULL; up++) {
         do {
             frame = frame->previous;
         } while (frame != NULL && _PyFrame_IsIncomplete(frame));
@@ -532,21 +525,23 @@ current_site(void)
     return site_at((PyObject *)frame->f_code,
                    last < 0 ? -1 : last * (int)sizeof(_Py_CODEUNIT));
 #else
-    /* sys._getframe(1) makes no frame object for the wrapper
+    /* sys._getframe(above) makes no frame object for the wrapper
      * (PyEval_GetFrame would). */
-    static PyObject *getframe, *one;   /* sys._getframe and 1, found once */
+    static PyObject *getframe, *levels[2];   /* sys._getframe, 0 and 1 */
     if (getframe == NULL) {
-        one = PyLong_FromLong(1);
+        levels[0] = PyLong_FromLong(0);
+        levels[1] = PyLong_FromLong(1);
         getframe = Py_XNewRef(PySys_GetObject("_getframe"));
-        if (one == NULL || getframe == NULL) {
-            Py_CLEAR(one);
+        if (levels[0] == NULL || levels[1] == NULL || getframe == NULL) {
+            Py_CLEAR(levels[0]);
+            Py_CLEAR(levels[1]);
             Py_CLEAR(getframe);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_RuntimeError, "sys._getframe is missing");
             return NULL;
         }
     }
-    PyObject *frame = PyObject_Vectorcall(getframe, &one, 1, NULL);
+    PyObject *frame = PyObject_Vectorcall(getframe, &levels[above], 1, NULL);
     if (frame == NULL) {
         /* Called with no Python caller above: no site to name. */
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
@@ -559,7 +554,9 @@ current_site(void)
         PyErr_SetString(PyExc_TypeError, "sys._getframe returned no frame");
         return NULL;
     }
-    PyObject *site = site_of_frame((PyFrameObject *)frame);
+    PyObject *code = (PyObject *)PyFrame_GetCode((PyFrameObject *)frame);
+    PyObject *site = site_at(code, PyFrame_GetLasti((PyFrameObject *)frame));
+    Py_DECREF(code);
     Py_DECREF(frame);
     return site;
 #endif
@@ -1200,14 +1197,13 @@ cacheable(Py_ssize_t count, PyObject *attrs)
 }
 
 /* Record ``op_entry`` on the ``count`` operands at ``operands`` with
- * ``attrs`` (a tuple) at ``given_site``, or, if NULL, at the site of
- * ``frame`` (borrowed), or, if that is NULL too, at the frame above
- * record's caller.  The operands come as an array, not a tuple: a tuple
- * made and freed per op was a tenth of recording; one is made only for
- * a key the record cache lacks. */
+ * ``attrs`` (a tuple) at ``given_site``, or, if NULL, at the site of the
+ * running frame or the one ``above`` it (current_site).  The operands
+ * come as an array, not a tuple: a tuple made and freed per op was a
+ * tenth of recording; one is made only for a key the record cache lacks. */
 static PyObject *
 record_op(PyObject *op_entry, PyObject *const *operands, Py_ssize_t count,
-          PyObject *given_attrs, PyObject *given_site, PyFrameObject *frame)
+          PyObject *given_attrs, PyObject *given_site, int above)
 {
     /* (Before anything is made: every node recorded so far is whole.) */
     if (pending_full_check(operands, count) < 0)
@@ -1278,8 +1274,7 @@ record_op(PyObject *op_entry, PyObject *const *operands, Py_ssize_t count,
 known:
     /* Callers a frame further from the user (TensorFlow's dispatch, the
      * Keras layer hook) give the site they found. */
-    site = given_site != NULL ? Py_NewRef(given_site)
-           : frame != NULL ? site_of_frame(frame) : current_site();
+    site = given_site != NULL ? Py_NewRef(given_site) : current_site(above);
     if (site == NULL)
         goto done;
     if (spec == NULL) {
@@ -1344,7 +1339,7 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return record_op(args[0], PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]),
-                     args[2], nargs == 4 ? args[3] : NULL, NULL);
+                     args[2], nargs == 4 ? args[3] : NULL, 1);
 }
 
 /* record_operands(entry, attrs, *operands): record's fast form, for the
@@ -1360,7 +1355,7 @@ record_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "entry, a tuple and the operands");
         return NULL;
     }
-    return record_op(args[0], args + 2, nargs - 2, args[1], NULL, NULL);
+    return record_op(args[0], args + 2, nargs - 2, args[1], NULL, 1);
 }
 
 /* -- operators -------------------------------------------------------------- */
@@ -1395,9 +1390,8 @@ apply_operator(int op, PyObject *left, PyObject *right)
     PyObject *operands[2] = {left, right};
     Py_ssize_t count = right != NULL ? 2 : 1;
     /* The user's line is the running frame: no Python method in between. */
-    PyFrameObject *frame = PyEval_GetFrame();
     PyObject *result = record_op(operator_entries[op], operands, count, no_attrs,
-                                 frame == NULL ? Py_None : NULL, frame);
+                                 NULL, 0);
     if (result == NULL && PyErr_ExceptionMatches(not_lazy)) {
         PyErr_Clear();
         result = PyObject_Vectorcall(operator_fallbacks[op], operands, count, NULL);
@@ -1553,9 +1547,8 @@ recorder_record(Recorder *self, PyObject *const *args, Py_ssize_t nargs,
         operand_count = PyTuple_GET_SIZE(listed);
     }
     /* The user's line is the running frame: no Python frame in between. */
-    PyFrameObject *frame = PyEval_GetFrame();
     PyObject *result = record_op(self->entry, operands, operand_count, attrs,
-                                 frame == NULL ? Py_None : NULL, frame);
+                                 NULL, 0);
     Py_XDECREF(listed);
     Py_DECREF(attrs);
     return result;
