@@ -903,10 +903,10 @@ class _Compiled:
 
     def _unpacked(self, packed):
         """From the one vector a call is given (``_packed``): the number of
-        steps, the step table, the rows, and per buffer the number of its computed rows (where its
-        inputs' rows start) and of all its rows, each a scalar.  A handful
-        of ops per call, and none per buffer: an op outside the loop costs
-        a microsecond or two at each call."""
+        steps, the step table, the rows, and per buffer the number of its
+        computed rows (where its inputs' rows start) and of all its rows,
+        each a scalar.  A handful of ops per call, and none per buffer: an
+        op outside the loop costs a microsecond or two at each call."""
         count = len(self.buffers)
         head = tf.unstack(packed[:_HEAD + 2 * count], num=_HEAD + 2 * count)
         table, rows = tf.split(packed[_HEAD + 2 * count:], packed[1:_HEAD], num=2)
@@ -1036,7 +1036,8 @@ class _Compiled:
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
 
-# A call's vector (``_packed``) starts with the sizes of its table and rows.
+# The ints a call's vector (``_packed``) starts with: the step count and the
+# lengths of the table and of the rows.
 _HEAD = 3
 
 
