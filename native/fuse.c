@@ -180,34 +180,15 @@ wiring_tuple(const Py_ssize_t *codes, Py_ssize_t count)
     return wiring;
 }
 
-/* The joined pattern for a pair of op entries wired by ``codes``: from
- * ``memo`` (this call's, keyed by the entries' addresses and the codes),
- * else from ``fused`` (by the Python key), else made by ``make_fused``.  A
- * new reference to the pattern, or NULL with an exception set. */
+/* The pattern for a pair not in the call's memo: from ``fused`` (by the
+ * Python key), else made by ``make_fused``; kept in ``memo`` under
+ * ``quick``.  A new reference, or NULL with an exception set. */
 static PyObject *
-joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
-               Py_ssize_t extra_count, PyObject *memo, PyObject *fused,
-               PyObject *make_fused)
+made_pattern(Node *producer, Node *consumer, const Py_ssize_t *codes, Py_ssize_t count,
+             Py_ssize_t extra_count, PyObject *fused, PyObject *make_fused,
+             PyObject *memo, PyObject *quick)
 {
-    Py_ssize_t count = consumer->input_count;
-    Py_ssize_t words = 3 + count;
-    Py_ssize_t *packed = PyMem_New(Py_ssize_t, words);
-    if (packed == NULL)
-        return PyErr_NoMemory();
-    packed[0] = (Py_ssize_t)producer->entry;
-    packed[1] = (Py_ssize_t)consumer->entry;
-    packed[2] = extra_count;
-    memcpy(packed + 3, codes, count * sizeof(Py_ssize_t));
-    PyObject *quick = PyBytes_FromStringAndSize((const char *)packed,
-                                                words * (Py_ssize_t)sizeof(Py_ssize_t));
-    PyMem_Free(packed);
-    if (quick == NULL)
-        return NULL;
-    PyObject *pair = Py_XNewRef(PyDict_GetItemWithError(memo, quick));
-    if (pair != NULL || PyErr_Occurred()) {
-        Py_DECREF(quick);
-        return pair;
-    }
+    PyObject *pair;
     PyObject *producer_pattern = PyObject_GetAttr(producer->entry, str_pattern);
     PyObject *consumer_pattern = producer_pattern == NULL ? NULL
                                  : PyObject_GetAttr(consumer->entry, str_pattern);
@@ -225,9 +206,75 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
      * the call: each is a pattern's entry, which its pattern holds.) */
     if (pair != NULL && PyDict_SetItem(memo, quick, pair) < 0)
         Py_CLEAR(pair);
+    return pair;
+}
+
+/* The pairs a call joined last, by their packed keys, in front of its
+ * memo: a part joins hundreds of pairs of a few kinds, and making a bytes
+ * key for each and looking it up was a quarter of this pass (in a 25-tree
+ * inference; BENCHMARKS.md).  Keys of more words go to the memo only. */
+#define RECENT 4
+#define RECENT_WORDS 16
+typedef struct {
+    Py_ssize_t words;                  /* 0: empty */
+    Py_ssize_t key[RECENT_WORDS];
+    PyObject *pair;                    /* held */
+} Recent;
+
+static void
+recent_clear(Recent *recent)
+{
+    for (int i = 0; i < RECENT; i++)
+        Py_CLEAR(recent[i].pair);
+}
+
+/* The joined pattern for a pair of op entries wired by ``codes``: from
+ * ``recent`` or ``memo`` (this call's, keyed by the entries' addresses and
+ * the codes), else from ``fused`` (by the Python key), else made by
+ * ``make_fused``.  A new reference to the pattern, or NULL with an
+ * exception set. */
+static PyObject *
+joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
+               Py_ssize_t extra_count, Recent *recent, int *recent_next,
+               PyObject *memo, PyObject *fused, PyObject *make_fused)
+{
+    Py_ssize_t count = consumer->input_count;
+    Py_ssize_t words = 3 + count;
+    Py_ssize_t local[RECENT_WORDS];
+    Py_ssize_t *packed = words <= RECENT_WORDS ? local : PyMem_New(Py_ssize_t, words);
+    if (packed == NULL)
+        return PyErr_NoMemory();
+    packed[0] = (Py_ssize_t)producer->entry;
+    packed[1] = (Py_ssize_t)consumer->entry;
+    packed[2] = extra_count;
+    memcpy(packed + 3, codes, count * sizeof(Py_ssize_t));
+    size_t bytes = (size_t)words * sizeof(Py_ssize_t);
+    for (int i = 0; words <= RECENT_WORDS && i < RECENT; i++)
+        if (recent[i].words == words && memcmp(recent[i].key, packed, bytes) == 0)
+            return Py_NewRef(recent[i].pair);
+    PyObject *quick = PyBytes_FromStringAndSize((const char *)packed, (Py_ssize_t)bytes);
+    if (quick == NULL) {
+        if (packed != local)
+            PyMem_Free(packed);
+        return NULL;
+    }
+    PyObject *pair = Py_XNewRef(PyDict_GetItemWithError(memo, quick));
+    if (pair == NULL && !PyErr_Occurred())
+        pair = made_pattern(producer, consumer, codes, count, extra_count, fused,
+                            make_fused, memo, quick);
+    if (pair != NULL && words <= RECENT_WORDS) {
+        Recent *slot = &recent[*recent_next];
+        *recent_next = (*recent_next + 1) % RECENT;
+        slot->words = words;
+        memcpy(slot->key, packed, bytes);
+        Py_XSETREF(slot->pair, Py_NewRef(pair));
+    }
+    if (packed != local)
+        PyMem_Free(packed);
     Py_DECREF(quick);
     return pair;
 }
+
 
 /* The joined node's spec (the producer's outputs', then the consumer's)
  * and the consumer's attributes as an access to the last of them, new
@@ -421,6 +468,8 @@ fuse(PyObject *module, PyObject *args)
     /* The joins per joined pattern; the memo holds each pattern. */
     Tally joined = {0};
     Shape shapes[SHAPES] = {{0}};
+    Recent recent[RECENT] = {{0}};
+    int recent_next = 0;
     PtrArray extras = {0};
     Py_ssize_t *codes = NULL, code_capacity = 0;
     /* The joined consumers that left the evaluation (pass_through). */
@@ -457,8 +506,8 @@ fuse(PyObject *module, PyObject *args)
         Py_INCREF(producer);
         for (Py_ssize_t k = 0; k < extras.size; k++)
             Py_INCREF(extras.items[k]);
-        PyObject *pair = joined_pattern(node, producer, codes, extras.size, memo,
-                                        fused, make_fused);
+        PyObject *pair = joined_pattern(node, producer, codes, extras.size, recent,
+                                        &recent_next, memo, fused, make_fused);
         int failed = pair == NULL
                      || join(node, producer, pair, &extras, access_entry, shapes) < 0
                      || tally_add(&joined, pair) < 0;
@@ -487,6 +536,7 @@ done:
     idbits_free(&passed);
     PyMem_Free(joined.items);
     shapes_clear(shapes);
+    recent_clear(recent);
     PyMem_Free(extras.items);
     PyMem_Free(codes);
     return result;
