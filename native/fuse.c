@@ -275,7 +275,6 @@ joined_pattern(Node *consumer, Node *producer, const Py_ssize_t *codes,
     return pair;
 }
 
-
 /* The joined node's spec (the producer's outputs', then the consumer's)
  * and the consumer's attributes as an access to the last of them, new
  * references.  Specs are interned, so most joins of a call share a few

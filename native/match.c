@@ -58,9 +58,9 @@ static const struct {
     Py_ssize_t size;    /* the instruction tuple's length */
 } opcodes[] = {
     [OP] = {"op", 8}, [CHILD] = {"child", 4}, [IDENTITY] = {"identity", 5},
-    [CONSTANT] = {"constant", 5}, [LABEL] = {"label", 4}, [ROWS] = {"rows", 5}, [NODE] = {"node", 2},
-    [UNSEEN] = {"unseen", 2}, [INPUT] = {"input", 5}, [OUTPUT] = {"output", 6},
-    [SAME] = {"same", 3}, [FAIL] = {"fail", 1},
+    [CONSTANT] = {"constant", 5}, [LABEL] = {"label", 4}, [ROWS] = {"rows", 5},
+    [NODE] = {"node", 2}, [UNSEEN] = {"unseen", 2}, [INPUT] = {"input", 5},
+    [OUTPUT] = {"output", 6}, [SAME] = {"same", 3}, [FAIL] = {"fail", 1},
 };
 #define OPCODES ((int)(sizeof(opcodes) / sizeof(opcodes[0])))
 

@@ -50,7 +50,7 @@ class ForwardingModule(types.ModuleType):
         return getattr(self._real, attribute)
 
     def __dir__(self):
-        return sorted(set(dir(self._real)) | set(self.__dict__) - {"__getattr__"})
+        return sorted(set(dir(self._real)) | (set(self.__dict__) - {"__getattr__"}))
 
 
 class _KerasOptimizers(ForwardingModule):
