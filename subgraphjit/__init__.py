@@ -38,15 +38,10 @@ else:
     _gc.freeze()
 
 
-def __getattr__(name):
-    if _tf is None:
+if _tf is None:
+    def __getattr__(name):
         # (An AttributeError, so that ``from subgraphjit import batcher``
         # still imports the subpackage.)
         raise AttributeError(
             f"module 'subgraphjit' has no attribute {name!r}: TensorFlow "
             f"did not import ({_missing}); pip install tensorflow-cpu") from _missing
-    return getattr(_tf, name)
-
-
-def __dir__():
-    return sorted((set(dir(_tf)) if _tf is not None else set()) | set(globals()))

@@ -5,6 +5,7 @@ import gc
 import os
 import subprocess
 import sys
+import types
 import weakref
 
 import numpy as np
@@ -286,6 +287,31 @@ def test_everything_in_tensorflow_is_reachable():
     from subgraphjit.nn import relu  # the proxies are importable modules
     assert relu is tf.nn.relu
     assert "matmul" in dir(tf) and "relu" in dir(tf.nn)
+
+
+def test_the_namespaces_hold_tensorflows_names_with_no_module_getattr():
+    # A module ``__getattr__`` keeps Python from caching ``tf.matmul``'s
+    # lookup: the names are copied instead (namespace.mirror).
+    for module, real in ((tf, tensorflow), (tf.nn, tensorflow.nn),
+                         (tf.math, tensorflow.math), (tf.linalg, tensorflow.linalg)):
+        assert "__getattr__" not in vars(module), module
+        missing = [name for name in vars(real) if name not in vars(module)]
+        assert not missing, (module, missing)
+    assert tf.__version__ != tensorflow.__version__   # ours kept
+    assert tf.nn.embedding_lookup is not tensorflow.nn.embedding_lookup  # patched
+
+
+def test_a_mirrored_module_with_its_own_getattr_forwards():
+    from subgraphjit.dropin.namespace import mirror
+    real, plain = types.ModuleType("real"), types.ModuleType("plain")
+    real.present = 1
+    target = types.ModuleType("target")
+    target.present = 0
+    mirror(target, plain)
+    assert "__getattr__" not in vars(target)
+    real.__getattr__ = lambda name: f"lazy {name}"
+    mirror(target, real)
+    assert target.present == 0 and target.anything == "lazy anything"
 
 
 def test_tf_function_tracing_passes_patched_ops_through():

@@ -1,11 +1,11 @@
 """The drop-in namespace: patched wrappers where the op table has an entry,
 TensorFlow's own objects everywhere else.
 
-``install`` fills ``subgraphjit`` and proxy modules ``subgraphjit.nn``,
+``install`` fills ``subgraphjit`` and modules ``subgraphjit.nn``,
 ``subgraphjit.math`` and ``subgraphjit.linalg`` with the generated wrappers,
 under every public name TensorFlow gives the same function (``tf.add``,
-``tf.math.add``), and puts the operator overloads on VirtualNode.  Any other
-attribute is looked up on the real module, so ``tf.Variable``,
+``tf.math.add``), and puts the operator overloads on VirtualNode.  Every
+other attribute is the real module's, so ``tf.Variable``,
 ``tf.random.normal``, ``tf.keras.layers``... are TensorFlow's own, except
 ``tf.keras.optimizers``' classes: subclasses whose update is one compiled
 call (``optimizers.py``), and ``tf.function``, whose functions record their
@@ -33,13 +33,27 @@ WRAPPERS = {entry.name: build_entry_functions(entry, entry.name.rsplit(".", 1)[-
             for entry in ALL_ENTRIES}
 
 
-class ForwardingModule(types.ModuleType):
-    """A module whose own attributes are patched and the rest forwarded.
+def mirror(target, real):
+    """Put every attribute of the module ``real`` that ``target`` lacks in
+    ``target``'s own dict, so that Python looks ``tf.matmul`` up as fast as
+    a plain module's attribute.  A module whose dict holds a
+    ``__getattr__`` (PEP 562) is never specialized by Python 3.11's
+    attribute caches: ``tf.matmul`` took 35 ns against 14, some 300 times
+    a Tree-LSTM tree.  So ``target`` forwards the rest only where ``real``
+    has a ``__getattr__`` of its own (TensorFlow 2.21's modules have none)."""
+    names = vars(target)
+    for name, value in vars(real).items():
+        names.setdefault(name, value)
+    if "__getattr__" in vars(real):
+        names["__getattr__"] = lambda name: getattr(real, name)
 
-    The forwarding is the module's own ``__getattr__`` (PEP 562), asked
-    only for a name the module lacks: a ``__getattr__`` method on the
-    class would route every lookup through Python's slower hook, and
-    ``tf.nn.embedding_lookup`` took 98 ns against 26 for ``tf.matmul``."""
+
+class ForwardingModule(types.ModuleType):
+    """A module whose own attributes are set and the rest forwarded, for a
+    module whose attributes cannot be read at import: ``tf.keras`` (a lazy
+    loader, which reading would import Keras).  The forwarding is the
+    module's own ``__getattr__`` (PEP 562), asked only for a name the
+    module lacks."""
 
     def __init__(self, name, real):
         super().__init__(name, real.__doc__)
@@ -90,14 +104,16 @@ def install(package, special_wrappers):
         replacements[id(original)] = (original, replacement)
     _patch_module(package, tf, replacements)
     for name in PATCHED_SUBMODULES:
-        proxy = ForwardingModule(f"{package.__name__}.{name}", getattr(tf, name))
-        _patch_module(proxy, getattr(tf, name), replacements)
-        setattr(package, name, proxy)
-        sys.modules[proxy.__name__] = proxy
+        module = types.ModuleType(f"{package.__name__}.{name}", getattr(tf, name).__doc__)
+        _patch_module(module, getattr(tf, name), replacements)
+        mirror(module, getattr(tf, name))
+        sys.modules[module.__name__] = module
+        setattr(package, name, module)
     keras = ForwardingModule(f"{package.__name__}.keras", tf.keras)
     keras.optimizers = _KerasOptimizers(f"{keras.__name__}.optimizers", tf.keras.optimizers)
     package.keras = keras
     package.function = functions.function   # a user's tf.function records its body
+    mirror(package, tf)   # (last: TensorFlow's objects where ours are not)
     _install_operators()
     dispatch.install(special_wrappers)  # TensorFlow's own functions record too
     layers.install()   # and Keras layers known to be row-wise (dropin/layers.py)
