@@ -566,6 +566,9 @@ current_site(int above)
 
 /* Python callbacks and values, given once by setup(). */
 static PyObject *context;          /* subgraphjit.context.context */
+static PyObject *not_lazy;         /* subgraphjit.ir.spec.NotLazy (set_operators) */
+/* Whether ops record: ``context.lazy``, a property kept here (set_lazy). */
+static int lazy_mode;
 static PyObject *spec_of_foreign;  /* spec of an operand that is no node */
 static PyObject *infer;            /* _infer(entry, inputs, attrs, key, site) */
 static PyObject *freeze;           /* hashable form of attributes */
@@ -1343,12 +1346,20 @@ record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* record_operands(entry, attrs, *operands): record's fast form, for the
- * generated wrappers of ops of a fixed number of operands. */
+ * generated wrappers of ops of a fixed number of operands, which leave
+ * the mode to it: NotLazy in eager mode. */
 static PyObject *
 record_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!set_up())
         return NULL;
+    if (!lazy_mode) {
+        if (not_lazy == NULL)
+            PyErr_SetString(PyExc_RuntimeError, "record_operands: eager mode");
+        else
+            PyErr_SetNone(not_lazy);
+        return NULL;
+    }
     if (nargs < 2 || !PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError,
                         "record_operands(entry, attrs, *operands) takes an op "
@@ -1378,7 +1389,6 @@ static const char *operator_names[OPERATOR_COUNT] = {
 };
 static PyObject *operator_entries[OPERATOR_COUNT];
 static PyObject *operator_fallbacks[OPERATOR_COUNT];
-static PyObject *not_lazy;      /* subgraphjit.ir.spec.NotLazy */
 static PyObject *no_attrs;      /* () */
 
 /* ``left op right`` (``op left`` when right is NULL), either a node. */
@@ -1459,7 +1469,6 @@ typedef struct {
     int list_input;        /* the first parameter takes a list of operands */
 } Recorder;
 
-static PyObject *str_lazy;
 
 /* Where ``keyword`` is among the parameters, or -1. */
 static Py_ssize_t
@@ -1488,15 +1497,7 @@ recorder_record(Recorder *self, PyObject *const *args, Py_ssize_t nargs,
 {
     Py_ssize_t count = PyTuple_GET_SIZE(self->names);
     Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (context == NULL || nargs + keywords > count)
-        return NULL;
-    PyObject *lazy = PyObject_GetAttr(context, str_lazy);   /* (the mode) */
-    if (lazy == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_DECREF(lazy);
-    if (lazy != Py_True)
+    if (context == NULL || !lazy_mode || nargs + keywords > count)
         return NULL;
     PyObject *bound[RECORDER_PARAMETERS] = {NULL};
     for (Py_ssize_t i = 0; i < nargs; i++)
@@ -1797,6 +1798,22 @@ setup(PyObject *module, PyObject *args, PyObject *kwargs)
 }
 
 static PyObject *
+set_lazy(PyObject *module, PyObject *flag)
+{
+    int value = PyObject_IsTrue(flag);
+    if (value < 0)
+        return NULL;
+    lazy_mode = value;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+lazy(PyObject *module, PyObject *unused)
+{
+    return PyBool_FromLong(lazy_mode);
+}
+
+static PyObject *
 next_node_id(PyObject *module, PyObject *unused)
 {
     return PyLong_FromLongLong(next_id);
@@ -1824,6 +1841,10 @@ static PyMethodDef methods[] = {
      "later op read one of them unevaluated in the window of "
      "``window_of`` / 16 nodes since), or, if none were found, all "
      "of them (pending_full_check)."},
+    {"set_lazy", set_lazy, METH_O,
+     "set_lazy(flag)\n--\n\nWhether ops record (``context.lazy``): the "
+     "recorders read it at every call."},
+    {"lazy", lazy, METH_NOARGS, "Whether ops record (set_lazy; takes none)."},
     {"next_node_id", next_node_id, METH_NOARGS,
      "The id the next recorded node will get (takes none)."},
     {"slab_statistics", slab_statistics, METH_NOARGS,
@@ -1852,7 +1873,6 @@ PyInit__native(void)
     str_variable_spec = PyUnicode_InternFromString("_subgraphjit_spec");
     str_datatype_enum = PyUnicode_InternFromString("_datatype_enum");
     str_shape_tuple = PyUnicode_InternFromString("_shape_tuple");
-    str_lazy = PyUnicode_InternFromString("lazy");
     eager_tensor_specs = PyDict_New();
     int_list_specs = PyDict_New();
     attrs_shared = PyDict_New();
@@ -1878,7 +1898,7 @@ PyInit__native(void)
             || str_datatype_enum == NULL || str_shape_tuple == NULL
             || eager_tensor_specs == NULL
             || int_list_specs == NULL || attrs_shared == NULL
-            || no_attrs == NULL || str_lazy == NULL || recorder_type == NULL
+            || no_attrs == NULL || recorder_type == NULL
             || PyModule_AddObject(module, "Recorder", recorder_type) < 0
             || node_type == NULL || node_operand_type == NULL
             || PyModule_AddObjectRef(module, "VirtualNode",

@@ -228,6 +228,27 @@ def test_record_operands_records_as_record_does():
     np.testing.assert_allclose(given.numpy(), x.numpy().sum(axis=0), rtol=1e-6)
 
 
+def test_the_mode_is_the_recorders_eager_mode_records_nothing():
+    """``context.lazy`` is kept by the recorder: in eager mode a Recorder
+    (tf.matmul) and a generated wrapper (tf.tanh, whose record_operands
+    raises NotLazy) both run TensorFlow's op."""
+    x = constant(2, 3)
+    lazy = context.lazy
+    try:
+        context.lazy = False
+        assert _native.lazy() is False
+        with pytest.raises(NotLazy):
+            _native.record_operands(ENTRIES["math.tanh"], (), x)
+        for result in (tf.tanh(x), tf.matmul(x, x, transpose_b=True)):
+            assert isinstance(result, tensorflow.Tensor), type(result)
+        context.lazy = True
+        assert _native.lazy() is True
+        assert isinstance(tf.tanh(x), VirtualNode)
+        assert isinstance(tf.matmul(x, x, transpose_b=True), VirtualNode)
+    finally:
+        context.lazy = lazy
+
+
 def test_bad_entries_and_nodes_raise_clean_errors():
     with pytest.raises(AttributeError):
         _native.record(object(), (1.0,), ())

@@ -211,10 +211,13 @@ def build_entry_functions(entry, public_name, fast=None):
 
     signature = ", ".join(
         n if n not in defaults else f"{n}=_default_{n}" for n in names)
-    # An op of no tensors (tf.zeros) has no operand that would tell a
-    # tf.function trace from eager code (a symbolic tensor refuses to be
-    # recorded): it asks.
-    lazy = "_context.lazy" + ("" if entry.tensor_params else " and _executing_eagerly()")
+    # ``record_operands`` asks the mode itself (raising NotLazy in eager
+    # mode): a Python check of ``context.lazy`` in front of it is a
+    # property read.  An op of no tensors (tf.zeros) has no operand that
+    # would tell a tf.function trace from eager code (a symbolic tensor
+    # refuses to be recorded): it asks.
+    lazy = ("True" if entry.tensor_params and not entry.list_input
+            else "_context.lazy" + ("" if entry.tensor_params else " and _executing_eagerly()"))
     source = (
         f"def wrapper({signature}):\n"
         f"    if {lazy}:\n"
