@@ -284,7 +284,7 @@ def test_everything_in_tensorflow_is_reachable():
     assert tf.keras.optimizers.schedules is tensorflow.keras.optimizers.schedules
     assert tf.add is tf.math.add and tf.nn.softmax is tf.math.softmax
     assert tf.nn.l2_normalize is tensorflow.nn.l2_normalize  # not in the table
-    from subgraphjit.nn import relu  # the proxies are importable modules
+    from subgraphjit.nn import relu  # the patched submodules are importable
     assert relu is tf.nn.relu
     assert "matmul" in dir(tf) and "relu" in dir(tf.nn)
 

@@ -25,7 +25,8 @@ from ..ir.table import ALL_ENTRIES, GETITEM, OPERATOR_ENTRIES, OPERATORS, TF_ENT
 from . import dispatch, functions, layers, optimizers
 from .fast import FAST
 
-# Submodules that hold patched functions; each gets a forwarding proxy.
+# Submodules that hold patched functions; each gets a module of ours
+# (mirror: the rest its TensorFlow module's names).
 PATCHED_SUBMODULES = ("math", "nn", "linalg")
 
 WRAPPERS = {entry.name: build_entry_functions(entry, entry.name.rsplit(".", 1)[-1],
@@ -93,7 +94,7 @@ def _patch_module(target, real, replacements):
 
 
 def install(package, special_wrappers):
-    """Fill ``package`` (the subgraphjit module) and its proxy submodules.
+    """Fill ``package`` (the subgraphjit module) and its patched submodules.
 
     ``special_wrappers`` maps TensorFlow functions that need more than a
     table entry (tf.shape, tf.nn.dropout) to their replacements.
