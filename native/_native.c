@@ -1469,7 +1469,6 @@ typedef struct {
     int list_input;        /* the first parameter takes a list of operands */
 } Recorder;
 
-
 /* Where ``keyword`` is among the parameters, or -1. */
 static Py_ssize_t
 parameter_index(Recorder *self, PyObject *keyword)
