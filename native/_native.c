@@ -1353,17 +1353,17 @@ record_operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!set_up())
         return NULL;
+    if (nargs < 2 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_operands(entry, attrs, *operands) takes an op "
+                        "entry, a tuple and the operands");
+        return NULL;
+    }
     if (!lazy_mode) {
         if (not_lazy == NULL)
             PyErr_SetString(PyExc_RuntimeError, "record_operands: eager mode");
         else
             PyErr_SetNone(not_lazy);
-        return NULL;
-    }
-    if (nargs < 2 || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_operands(entry, attrs, *operands) takes an op "
-                        "entry, a tuple and the operands");
         return NULL;
     }
     return record_op(args[0], args + 2, nargs - 2, args[1], NULL, 1);

@@ -239,6 +239,8 @@ def test_the_mode_is_the_recorders_eager_mode_records_nothing():
         assert _native.lazy() is False
         with pytest.raises(NotLazy):
             _native.record_operands(ENTRIES["math.tanh"], (), x)
+        with pytest.raises(TypeError):   # (a bad call is one in either mode)
+            _native.record_operands(ENTRIES["math.tanh"], [None], x)
         for result in (tf.tanh(x), tf.matmul(x, x, transpose_b=True)):
             assert isinstance(result, tensorflow.Tensor), type(result)
         context.lazy = True

@@ -216,15 +216,13 @@ def build_entry_functions(entry, public_name, fast=None):
     # property read.  An op of no tensors (tf.zeros) has no operand that
     # would tell a tf.function trace from eager code (a symbolic tensor
     # refuses to be recorded): it asks.
-    lazy = ("True" if entry.tensor_params and not entry.list_input
-            else "_context.lazy" + ("" if entry.tensor_params else " and _executing_eagerly()"))
+    recording = ["try:", f"    return {recorded}", "except _NotLazy:", "    pass"]
+    if not entry.tensor_params or entry.list_input:
+        lazy = "_context.lazy" + ("" if entry.tensor_params else " and _executing_eagerly()")
+        recording = [f"if {lazy}:"] + ["    " + line for line in recording]
     source = (
         f"def wrapper({signature}):\n"
-        f"    if {lazy}:\n"
-        f"        try:\n"
-        f"            return {recorded}\n"
-        f"        except _NotLazy:\n"
-        f"            pass\n"
+        + "".join(f"    {line}\n" for line in recording)
         + "\n".join(_fast_call(fast, parameters) + _passing_on(parameters)) + "\n"
         "\n"
         "def call(values, attrs):\n"
